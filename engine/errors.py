@@ -31,3 +31,37 @@ class SettingsError(TandemError):
 
 class StorageError(TandemError):
     pass
+
+
+class DiskFullError(StorageError):
+    """The disk holding the database or an export is full."""
+
+
+class ReadOnlyStorageError(StorageError):
+    """The database or export location cannot be written to."""
+
+
+class DatabaseLockedError(StorageError):
+    """Another program (often a second Tandem) holds the database."""
+
+
+class CorruptDatabaseError(StorageError):
+    """The file is not a readable SQLite database. `path` can be moved aside with Store.move_aside."""
+
+    def __init__(self, message: str, path):
+        super().__init__(message)
+        self.path = path
+
+
+class SchemaTooNewError(StorageError):
+    """The database was written by a newer Tandem; it is left untouched."""
+
+    def __init__(self, message: str, path, found: int, supported: int):
+        super().__init__(message)
+        self.path = path
+        self.found = found
+        self.supported = supported
+
+
+class ImportFormatError(StorageError):
+    """A file given to import is not a Tandem export."""

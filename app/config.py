@@ -1,0 +1,168 @@
+"""The app's settings: one plain dataclass, persisted as JSON in the store, mapped onto engine settings.
+
+No Qt here, so the mapping and validation are tested without a window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from engine.builtin import DEFAULT_TARGET
+from engine.errors import SettingsError
+from engine.settings import MAX_K, SamplingSettings, SpeculationSettings
+
+STORE_KEY = "app_config"
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DRAFTERS = ("model", "ngram", "none")
+QUANTIZATIONS = ("none", "int8", "int4")
+K_MODES = ("adaptive", "fixed")
+COMPILED = ("auto", "off")
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# Fields whose change means loading a different target model.
+_TARGET_FIELDS = ("target", "device", "dtype", "compiled")
+
+
+@dataclass
+class AppConfig:
+    target: str = DEFAULT_TARGET
+    device: str = "auto"
+    dtype: str = "auto"
+    drafter: str = "model"
+    # Offline, the only draft that shares the target's tokenizer is a quantized copy of the target.
+    draft: str = DEFAULT_TARGET
+    draft_quantization: str = "int8"
+    draft_on_cpu: bool = False
+    k_mode: str = "adaptive"
+    k: int = 4  # used when k_mode is "fixed"
+    max_k: int = 8
+    p_min: float = 0.0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 512
+    seed: int | None = None
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    compiled: str = "auto"
+
+    # --- engine settings ---------------------------------------------------------------------------
+
+    def speculation(self) -> SpeculationSettings:
+        k = self.k if self.k_mode == "fixed" else None
+        return SpeculationSettings(drafter=self.drafter, k=k, max_k=self.max_k, p_min=self.p_min)
+
+    def sampling(self) -> SamplingSettings:
+        return SamplingSettings(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+        )
+
+    def validate(self) -> None:
+        """Raise SettingsError with a message the user can act on; engine ranges give engine messages."""
+        _choice("Device", self.device, DEVICES)
+        _choice("Data type", self.dtype, DTYPES)
+        _choice("Draft quantization", self.draft_quantization, QUANTIZATIONS)
+        _choice("K mode", self.k_mode, K_MODES)
+        _choice("Compilation", self.compiled, COMPILED)
+        if not self.target.strip():
+            raise SettingsError("Choose a target model.")
+        if self.drafter == "model" and not self.draft.strip():
+            raise SettingsError("Choose a draft model, or pick the n-gram drafter or none.")
+        self.speculation().validate()
+        # K is kept while adaptive so switching back to fixed restores it; it must stay in range either way.
+        SpeculationSettings(k=self.k).validate()
+        self.sampling().validate()
+
+    # --- reload decisions --------------------------------------------------------------------------
+
+    def target_changed(self, other: AppConfig) -> bool:
+        return any(getattr(self, name) != getattr(other, name) for name in _TARGET_FIELDS)
+
+    def draft_changed(self, other: AppConfig) -> bool:
+        return self._draft_identity() != other._draft_identity()
+
+    def models_changed(self, other: AppConfig) -> bool:
+        """Whether going from self to other needs a model loaded or dropped (sampling and K do not)."""
+        return self.target_changed(other) or self.draft_changed(other)
+
+    def _draft_identity(self) -> tuple | None:
+        if self.drafter != "model":
+            return None
+        return (self.draft, self.draft_quantization, self.draft_on_cpu)
+
+    # --- persistence -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> AppConfig:
+        """Unknown keys are ignored, missing ones default, and a value of the wrong type falls back."""
+        config = cls()
+        if not isinstance(data, dict):
+            return config
+        for f in fields(cls):
+            if f.name in data:
+                value = _coerce(data[f.name], getattr(config, f.name))
+                if value is not _INVALID:
+                    setattr(config, f.name, value)
+        return config
+
+    @classmethod
+    def load(cls, store) -> AppConfig:
+        """The stored config; a stored value that no longer validates reverts to its default alone."""
+        stored = cls.from_dict(store.get_setting(STORE_KEY))
+        try:
+            stored.validate()
+            return stored
+        except SettingsError:
+            pass
+        config = cls()
+        for f in fields(cls):
+            candidate = dataclasses.replace(config, **{f.name: getattr(stored, f.name)})
+            try:
+                candidate.validate()
+            except SettingsError:
+                continue
+            config = candidate
+        return config
+
+    def save(self, store) -> None:
+        store.set_setting(STORE_KEY, self.to_dict())
+
+
+_INVALID = object()
+
+
+def _coerce(value: Any, default: Any) -> Any:
+    """value converted to the type of the field's default, or _INVALID."""
+    if default is None:  # seed: int or None
+        if value is None:
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) else _INVALID
+    if isinstance(default, bool):
+        return value if isinstance(value, bool) else _INVALID
+    if isinstance(default, int):
+        return value if isinstance(value, int) and not isinstance(value, bool) else _INVALID
+    if isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok else _INVALID
+    if isinstance(default, str):
+        return value if isinstance(value, str) else _INVALID
+    return _INVALID
+
+
+def _choice(label: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SettingsError(f"{label} must be one of {', '.join(choices)}, not '{value}'.")
+
+
+__all__ = ["AppConfig", "MAX_K", "STORE_KEY", "DEVICES", "DTYPES", "DRAFTERS", "QUANTIZATIONS", "K_MODES"]

@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from app.config import STORE_KEY, AppConfig
+from engine.builtin import DEFAULT_TARGET
+from engine.errors import SettingsError
+from engine.settings import MAX_K
+
+
+@pytest.fixture
+def store(tmp_path):
+    from engine.store import Store
+
+    with Store(tmp_path / "tandem.db") as opened:
+        yield opened
+
+
+def test_defaults_draft_with_a_quantized_copy_of_the_builtin_target():
+    config = AppConfig()
+    assert config.target == DEFAULT_TARGET
+    assert config.drafter == "model"
+    assert config.draft == DEFAULT_TARGET
+    assert config.draft_quantization == "int8"
+    assert config.k_mode == "adaptive"
+    config.validate()
+
+
+def test_speculation_carries_drafter_and_fixed_k():
+    config = AppConfig(drafter="ngram", k_mode="fixed", k=7, max_k=12, p_min=0.3)
+    spec = config.speculation()
+    assert (spec.drafter, spec.k, spec.max_k, spec.p_min) == ("ngram", 7, 12, 0.3)
+    assert not spec.adaptive
+
+
+def test_adaptive_mode_maps_to_no_fixed_k():
+    spec = AppConfig(k_mode="adaptive", k=7).speculation()
+    assert spec.k is None and spec.adaptive
+
+
+def test_sampling_carries_every_field():
+    config = AppConfig(temperature=0.7, top_p=0.9, top_k=40, max_new_tokens=64, seed=123)
+    sampling = config.sampling()
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens, sampling.seed) == (
+        0.7,
+        0.9,
+        40,
+        64,
+        123,
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"k_mode": "fixed", "k": MAX_K + 1}, f"K must be between 1 and {MAX_K}"),
+        ({"k": 0}, f"K must be between 1 and {MAX_K}"),
+        ({"max_k": 17}, "Max K must be between 1"),
+        ({"p_min": 1.0}, "p_min must be in [0, 1)"),
+        ({"temperature": -1.0}, "Temperature must be between 0 and 5"),
+        ({"top_p": 0.0}, "top-p must be in (0, 1]"),
+        ({"max_new_tokens": 0}, "Max new tokens must be at least 1"),
+        ({"drafter": "medusa"}, "Unknown drafter 'medusa'"),
+        ({"device": "tpu"}, "Device must be one of auto, cpu, cuda"),
+        ({"draft_quantization": "int2"}, "Draft quantization must be one of"),
+        ({"drafter": "model", "draft": " "}, "Choose a draft model"),
+        ({"target": ""}, "Choose a target model"),
+    ],
+)
+def test_validate_refuses_with_the_engine_message(change, message):
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        dataclasses.replace(AppConfig(), **change).validate()
+
+
+def test_an_empty_draft_is_fine_when_not_drafting_with_a_model():
+    AppConfig(drafter="ngram", draft="").validate()
+
+
+def test_dict_round_trip():
+    config = AppConfig(
+        drafter="none", k_mode="fixed", k=3, temperature=0.5, seed=9, system_prompt="Be brief."
+    )
+    assert AppConfig.from_dict(config.to_dict()) == config
+
+
+def test_from_dict_ignores_unknown_keys_and_defaults_missing_ones():
+    config = AppConfig.from_dict({"temperature": 0.8, "from_the_future": True})
+    assert config.temperature == 0.8
+    assert config.top_p == AppConfig().top_p
+    assert AppConfig.from_dict(None) == AppConfig()
+    assert AppConfig.from_dict(["not", "a", "dict"]) == AppConfig()
+
+
+def test_from_dict_drops_values_of_the_wrong_type():
+    config = AppConfig.from_dict({"k": "seven", "draft_on_cpu": "yes", "temperature": 1, "seed": True})
+    assert config.k == AppConfig().k
+    assert config.draft_on_cpu is False
+    assert config.temperature == 1.0 and isinstance(config.temperature, float)
+    assert config.seed is None
+
+
+def test_models_changed_only_for_what_needs_a_reload():
+    base = AppConfig()
+    assert not base.models_changed(dataclasses.replace(base, temperature=1.0, k_mode="fixed", k=2))
+    assert base.models_changed(dataclasses.replace(base, target="/models/other"))
+    assert base.models_changed(dataclasses.replace(base, device="cpu"))
+    assert base.models_changed(dataclasses.replace(base, draft_quantization="int4"))
+    assert base.models_changed(dataclasses.replace(base, drafter="ngram"))  # the draft model is dropped
+    ngram = dataclasses.replace(base, drafter="ngram")
+    assert not ngram.models_changed(dataclasses.replace(ngram, drafter="none", draft_quantization="int4"))
+    assert not ngram.target_changed(base)
+
+
+def test_save_and_load_through_the_store(store):
+    config = AppConfig(drafter="ngram", k_mode="fixed", k=5, top_k=20, system_prompt="Answer in French.")
+    config.save(store)
+    assert store.get_setting(STORE_KEY)["k"] == 5
+    assert AppConfig.load(store) == config
+
+
+def test_load_without_stored_config_gives_defaults(store):
+    assert AppConfig.load(store) == AppConfig()
+
+
+def test_load_reverts_only_the_invalid_value(store):
+    stored = AppConfig(temperature=0.9, seed=4).to_dict() | {"k": 99}
+    store.set_setting(STORE_KEY, stored)
+    loaded = AppConfig.load(store)
+    assert loaded.k == AppConfig().k
+    assert (loaded.temperature, loaded.seed) == (0.9, 4)
+    loaded.validate()

@@ -1,0 +1,118 @@
+"""Logits warpers and the accept/reject rule of speculative decoding.
+
+Both models go through the same warpers (temperature, then top-k, then top-p), so the draft and the
+target distributions compared in `accept_reject` are the ones each model would really sample from.
+
+Vocabulary (as in vLLM's rejection sampler):
+  accepted  - a draft token the target keeps;
+  recovered - at the first rejected position, a token sampled from the residual distribution;
+  bonus     - after all K draft tokens are accepted, one more token sampled from the target.
+Every round therefore emits `num_accepted + 1` tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.settings import SamplingSettings
+
+
+def warp_logits(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Tensor:
+    """Temperature, top-k and top-p, in that order (as transformers does). logits: [..., V] -> [..., V]."""
+    logits = logits.float() / sampling.temperature
+    if sampling.top_k > 0 and sampling.top_k < logits.size(-1):
+        kth_best = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token when the tokens ranked above it already cover top_p; the best token always stays
+        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= sampling.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def probs_from_logits(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Tensor:
+    """The distribution a model samples from. Greedy gives the one-hot of the argmax. [..., V] -> [..., V]."""
+    if sampling.greedy:
+        return one_hot(logits.argmax(dim=-1), logits.size(-1))
+    return warp_logits(logits, sampling).softmax(dim=-1)
+
+
+def one_hot(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """tokens: [...] long -> [..., V] float32 with a 1 at each token."""
+    return torch.nn.functional.one_hot(tokens, vocab_size).float()
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row, without a host sync. probs: [..., V] -> [...] long.
+
+    argmax(probs / E) with E ~ Exp(1) draws index i with probability probs[i] (the exponential race).
+    """
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return torch.argmax(probs / race, dim=-1)
+
+
+def greedy_accept(
+    draft_tokens: torch.Tensor, target_logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification: keep draft tokens while they equal the target's argmax.
+
+    draft_tokens:  [B, K] long
+    target_logits: [B, K+1, V]; row i scores the token after draft token i-1 (row 0: after the context)
+    returns (num_accepted [B] long, next_token [B] long): the target's argmax at the first mismatch,
+    or its bonus token at row K when all K were accepted.
+    """
+    target_tokens = target_logits.argmax(dim=-1)  # [B, K+1]
+    return _first_rejection(draft_tokens == target_tokens[:, :-1], target_tokens)
+
+
+def accept_reject(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling (Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1; Chen et al. 2023).
+
+    draft_tokens: [B, K] long, draft token i was sampled from draft_probs[:, i]
+    draft_probs:  [B, K, V] the (warped) draft distributions; one-hot for deterministic drafters
+    target_probs: [B, K+1, V] the (warped) target distributions at the same positions, plus one more
+    returns (num_accepted [B] long, next_token [B] long)
+
+    For i = 0..K-1, with x = draft_tokens[i]:
+        accept x with probability min(1, target_probs[i, x] / draft_probs[i, x]);
+        at the first rejection, emit a recovered token sampled from
+            residual = normalize(max(0, target_probs[i] - draft_probs[i]))
+        and stop. If all K are accepted, emit a bonus token sampled from target_probs[K].
+    Every emitted token is then distributed exactly as the target alone would sample it.
+    If a residual is all zero (the two rows are equal, so a rejection has probability 0 and only
+    rounding can land there), fall back to target_probs[i].
+
+    Everything is computed for all positions at once, so the caller needs one host sync for the result.
+    """
+    batch, k = draft_tokens.shape
+    assert draft_probs.shape[:2] == (batch, k), (draft_probs.shape, draft_tokens.shape)
+    assert target_probs.shape[:2] == (batch, k + 1) and target_probs.size(-1) == draft_probs.size(-1)
+
+    index = draft_tokens.unsqueeze(-1)  # [B, K, 1]
+    draft_p = draft_probs.gather(-1, index).squeeze(-1)  # [B, K]
+    target_p = target_probs[:, :k].gather(-1, index).squeeze(-1)  # [B, K]
+    uniform = torch.rand(draft_p.shape, generator=generator, device=draft_p.device)  # [B, K]
+    # u < target_p / draft_p, written without a division so that draft_p == 0 cannot produce nan
+    accepted = uniform * draft_p < target_p  # [B, K]
+
+    residual = (target_probs[:, :k] - draft_probs).clamp_min(0.0)  # [B, K, V]
+    residual_mass = residual.sum(dim=-1, keepdim=True)  # [B, K, 1]
+    residual = torch.where(residual_mass > 0, residual / residual_mass.clamp_min(1e-30), target_probs[:, :k])
+    # row i < K: the recovered token if position i is the first rejection; row K: the bonus token
+    candidates = sample(torch.cat([residual, target_probs[:, k:]], dim=1), generator)  # [B, K+1]
+    return _first_rejection(accepted, candidates)
+
+
+def _first_rejection(accepted: torch.Tensor, candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """accepted: [B, K] bool, candidates: [B, K+1] long -> (num_accepted [B], candidates[b, num_accepted[b]])."""
+    num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)  # [B]
+    next_token = candidates.gather(-1, num_accepted.unsqueeze(-1)).squeeze(-1)  # [B]
+    return num_accepted, next_token

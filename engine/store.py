@@ -711,10 +711,20 @@ class Store:
         """
         try:
             conversation = dict(snapshot["conversation"])
+            for key in ("id", "title", "created", "updated", "target_model", "system_prompt"):
+                if not isinstance(conversation[key], int if key == "id" else str):
+                    raise ValueError(f"conversation {key} has the wrong type")
+            if not isinstance(conversation["draft_settings"], dict):
+                raise ValueError("draft_settings is not an object")
             messages = sorted(snapshot["messages"], key=lambda m: m["id"])
             for m in messages:
                 if m["role"] not in ROLES or m["status"] not in STATUSES:
                     raise ValueError(f"message {m['id']}: unknown role or status")
+                if not (isinstance(m["content"], str) and isinstance(m["created"], str)):
+                    raise ValueError(f"message {m['id']}: content and created must be text")
+                missing = {"parent_id", "token_count", "stats", "selected"} - m.keys()
+                if missing:
+                    raise ValueError(f"message {m['id']}: missing {sorted(missing)}")
             ids = [m["id"] for m in messages]
             if len(set(ids)) != len(ids) or any(
                 m["parent_id"] is not None and m["parent_id"] not in ids for m in messages

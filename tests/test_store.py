@@ -288,7 +288,7 @@ def _branchy_conversation(s: Store, contents: list[str], stats: dict) -> int:
     return cid
 
 
-@HYPOTHESIS
+@settings(HYPOTHESIS, max_examples=15)
 @given(contents=st.lists(st.text(), min_size=1, max_size=8), stats=stats_dicts)
 def test_json_export_import_round_trip_is_exact(tmp_path_factory, contents, stats):
     folder = tmp_path_factory.mktemp("export")
@@ -325,6 +325,13 @@ def test_import_refuses_other_files_and_changes_nothing(store, tmp_path):
         "other.json": json.dumps({"format": "something else"}).encode(),
         "newer.json": json.dumps(
             {"format": store_export.FORMAT, "version": 99, "conversations": []}
+        ).encode(),
+        "no-fields.json": json.dumps(
+            {
+                "format": store_export.FORMAT,
+                "version": 1,
+                "conversations": [{"conversation": {"id": 5}, "messages": []}],
+            }
         ).encode(),
         "broken.json": json.dumps(
             {
@@ -484,8 +491,9 @@ def test_damaged_pages_are_reported_as_corrupt(tmp_path):
     path = tmp_path / "tandem.db"
     with Store(path) as s:
         cid = s.create_conversation()
-        for i in range(300):
-            s.add_message(cid, "user", f"message number {i} " * 20)
+        with s.transaction():
+            for i in range(300):
+                s.add_message(cid, "user", f"message number {i} " * 20)
         s.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     data = bytearray(path.read_bytes())
     page = 4096

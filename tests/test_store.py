@@ -458,8 +458,9 @@ def test_a_newer_database_is_refused_and_left_untouched(tmp_path):
     path = tmp_path / "future.db"
     with Store(path) as s:
         _chat(s)
-    with sqlite3.connect(path) as conn:
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.execute("PRAGMA journal_mode = DELETE")  # so that switching it to WAL would show in the bytes
     conn.close()
     before = (path.read_bytes(), os.stat(path).st_mtime_ns, sorted(os.listdir(tmp_path)))
     with pytest.raises(SchemaTooNewError) as info:

@@ -1,16 +1,24 @@
 """Load a target or draft model with its tokenizer from a model spec.
 
-A spec is one of: `builtin:<name>`, a Hugging Face model folder, a `.gguf` file, or a hub id.
+A spec is one of: `builtin:<name>`, a Hugging Face model folder (safetensors only), a `.gguf`
+file, or a hub id such as `Qwen/Qwen2.5-0.5B-Instruct`. Code shipped with a model is never run.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.builtin import ProgressCallback, ensure_builtin, is_builtin
-from engine.errors import ModelNotFoundError
+from engine.builtin import ProgressCallback, convert_gguf_to_folder, ensure_builtin, is_builtin, is_converted
+from engine.errors import ModelFormatError, ModelNotFoundError
+from engine.hub import download_model, looks_like_hub_id
+from engine.paths import models_cache_dir
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 @dataclass
@@ -56,21 +64,174 @@ def resolve_device(device: str = "auto"):
 def resolve_dtype(dtype: str, device) -> Any:
     import torch
 
+    if not isinstance(dtype, str):
+        return dtype
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
-    return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+    return {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }[dtype]
+
+
+# ---- sources ---------------------------------------------------------------------------------
+
+
+def spec_kind(spec: str) -> str:
+    """'builtin', 'folder', 'gguf' or 'hub'. Raises ModelNotFoundError for a missing path."""
+    if is_builtin(spec):
+        return "builtin"
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return "folder"
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return "gguf"
+        if path.suffix.lower() in PICKLE_SUFFIXES:
+            raise ModelFormatError(_pickle_refusal(path))
+        raise ModelFormatError(
+            f"'{spec}' is a file but not a GGUF model. Choose a model folder or a .gguf file."
+        )
+    if looks_like_hub_id(spec):
+        return "hub"
+    raise ModelNotFoundError(
+        f"No model at '{spec}': not a built-in name, an existing folder or .gguf file, "
+        "or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
+    )
+
+
+def _pickle_refusal(path: Path) -> str:
+    return (
+        f"Refusing to load '{path}': it is a pickle checkpoint, and loading a pickle can run arbitrary "
+        "code. Use a copy of the model saved as safetensors (most hub models have one)."
+    )
+
+
+def gguf_cache_folder(gguf_path: Path) -> Path:
+    """Where a GGUF file's converted safetensors copy lives, keyed by its path, size and mtime."""
+    stat = gguf_path.stat()
+    key = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return models_cache_dir() / "gguf" / f"{gguf_path.stem}-{digest}"
+
+
+def ensure_gguf_converted(gguf_path: Path, progress: ProgressCallback | None = None) -> Path:
+    with gguf_path.open("rb") as handle:
+        if handle.read(4) != b"GGUF":
+            raise ModelFormatError(f"'{gguf_path}' is not a GGUF file (its header is wrong).")
+    folder = gguf_cache_folder(gguf_path)
+    if is_converted(folder):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return convert_gguf_to_folder(gguf_path, folder, progress)
 
 
 def resolve_folder(spec: str, progress: ProgressCallback | None = None) -> Path:
-    if is_builtin(spec):
+    """The local safetensors folder for a spec, converting or downloading it first if needed."""
+    kind = spec_kind(spec)
+    if kind == "builtin":
         return ensure_builtin(spec, progress)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return path
-    raise ModelNotFoundError(f"No model at '{spec}': not a built-in name and not a model folder.")
+    if kind == "gguf":
+        return ensure_gguf_converted(Path(spec).expanduser(), progress)
+    if kind == "hub":
+        return download_model(spec, progress)
+    return Path(spec).expanduser()
+
+
+# ---- checks before transformers sees a folder -----------------------------------------------
+
+
+def check_safetensors_file(path: Path) -> None:
+    """Raise ModelFormatError if a safetensors file's header is unreadable or its data is cut short."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as handle:
+            (header_len,) = struct.unpack("<Q", handle.read(8))
+            if header_len <= 0 or 8 + header_len > size:
+                raise ValueError("header longer than the file")
+            header = json.loads(handle.read(header_len))
+        data_end = max(
+            (entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"),
+            default=0,
+        )
+    except (struct.error, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ModelFormatError(
+            f"'{path}' is not a readable safetensors file ({exc}). Download it again."
+        ) from exc
+    if 8 + header_len + data_end > size:
+        raise ModelFormatError(
+            f"'{path}' is truncated: it holds {size} bytes but its header describes "
+            f"{8 + header_len + data_end}. The download or copy was interrupted; fetch it again."
+        )
+
+
+def check_model_folder(folder: Path) -> list[Path]:
+    """The safetensors files of a model folder, after checking it is complete and pickle-free."""
+    if not (folder / "config.json").is_file():
+        raise ModelFormatError(f"'{folder}' has no config.json, so it is not a Hugging Face model folder.")
+    index_path = folder / "model.safetensors.index.json"
+    if index_path.is_file():
+        weight_map = json.loads(index_path.read_text()).get("weight_map", {})
+        shards = sorted({folder / name for name in weight_map.values()})
+        missing = [shard.name for shard in shards if not shard.is_file()]
+        if missing:
+            raise ModelFormatError(
+                f"'{folder}' is missing weight files {', '.join(missing)}; copy or download them again."
+            )
+    else:
+        shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        if pickles:
+            raise ModelFormatError(_pickle_refusal(folder / pickles[0]))
+        raise ModelFormatError(f"'{folder}' holds no .safetensors weights.")
+    for shard in shards:
+        check_safetensors_file(shard)
+    return shards
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+
+def _from_pretrained(loader, folder: Path, **kwargs):
+    """transformers' from_pretrained with remote code refused and format errors made typed."""
+    try:
+        return loader.from_pretrained(str(folder), trust_remote_code=False, **kwargs)
+    except ModelFormatError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        if "trust_remote_code" in str(exc) or "custom code" in str(exc):
+            raise ModelFormatError(
+                f"'{folder}' needs code shipped with the model to load; Tandem never runs model code. "
+                "Choose a model whose architecture transformers supports natively."
+            ) from exc
+        raise ModelFormatError(f"Could not load the model in '{folder}': {exc}") from exc
+
+
+def load_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return _from_pretrained(AutoTokenizer, folder)
+
+
+def load_config(spec: str):
+    """A model's config without its weights (GGUF: read from the file's metadata)."""
+    from transformers import AutoConfig
+
+    kind = spec_kind(spec)
+    if kind == "gguf":
+        path = Path(spec).expanduser()
+        folder = gguf_cache_folder(path)
+        if is_converted(folder):
+            return _from_pretrained(AutoConfig, folder)
+        return _from_pretrained(AutoConfig, path.parent, gguf_file=path.name)
+    return _from_pretrained(AutoConfig, resolve_folder(spec))
 
 
 def load_model(
@@ -78,13 +239,34 @@ def load_model(
     device: str = "auto",
     dtype: str = "auto",
     progress: ProgressCallback | None = None,
+    quantization: str = "none",
 ) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Load model and tokenizer; `quantization` is "none", "int8" or "int4" (see engine.quantize)."""
+    from transformers import AutoModelForCausalLM
 
+    from engine.memory import model_memory_bytes, weight_bytes_from_model
+    from engine.quantize import cpu_int8_quantize, load_time_quantization, quantization_note, validate_mode
+
+    validate_mode(quantization)
     folder = resolve_folder(spec, progress)
+    check_model_folder(folder)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
-    model.to(torch_device).eval()
-    return LoadedModel(spec, model, tokenizer, torch_device, torch_dtype, path=folder)
+    tokenizer = load_tokenizer(folder)
+    extra = load_time_quantization(quantization, torch_device, torch_dtype)
+    model = _from_pretrained(AutoModelForCausalLM, folder, dtype=torch_dtype, **extra)
+    if not extra:
+        model.to(torch_device)
+    model.eval()
+    before = weight_bytes_from_model(model, torch_dtype) if extra else model_memory_bytes(model)
+    if quantization == "int8" and torch_device.type == "cpu":
+        model = cpu_int8_quantize(model)
+    info = {
+        "memory_bytes_before": before,
+        "memory_bytes": model_memory_bytes(model),
+        "quantization_note": quantization_note(quantization, torch_device),
+        "source": spec_kind(spec),
+    }
+    return LoadedModel(
+        spec, model, tokenizer, torch_device, torch_dtype, quantization, path=folder, info=info
+    )

@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from app.config import STORE_KEY, AppConfig
+from app.settings_dialog import CHECKING, SettingsDialog, SystemPromptDialog
+
+SWAPPED_IDS = (200, 201)
+PROBE_TIMEOUT_MS = 30_000
+
+
+@pytest.fixture
+def store(tmp_path):
+    from engine.store import Store
+
+    with Store(tmp_path / "tandem.db") as opened:
+        yield opened
+
+
+def copy_tokenizer_folder(source, destination):
+    """A model folder with the source's config and tokenizer, and no weights."""
+    destination.mkdir()
+    for path in source.iterdir():
+        if path.suffix in (".json", ".jinja") and path.name != "tandem-converted.json":
+            shutil.copy(path, destination / path.name)
+    return destination
+
+
+@pytest.fixture
+def same_tokenizer_draft(tmp_path, builtin_folder):
+    return copy_tokenizer_folder(builtin_folder, tmp_path / "same-draft")
+
+
+@pytest.fixture
+def different_tokenizer_draft(tmp_path, builtin_folder):
+    """Like the built-in tokenizer, but two vocabulary entries trade ids."""
+    folder = copy_tokenizer_folder(builtin_folder, tmp_path / "other-draft")
+    tokenizer_file = folder / "tokenizer.json"
+    data = json.loads(tokenizer_file.read_text())
+    vocab = data["model"]["vocab"]
+    first, second = SWAPPED_IDS
+    by_id = {token_id: token for token, token_id in vocab.items()}
+    vocab[by_id[first]], vocab[by_id[second]] = second, first
+    tokenizer_file.write_text(json.dumps(data))
+    return folder
+
+
+@pytest.fixture
+def open_dialog(qtbot, store, builtin_folder):
+    def make(config: AppConfig) -> SettingsDialog:
+        dialog = SettingsDialog(config, store=store)
+        qtbot.addWidget(dialog)
+        return dialog
+
+    return make
+
+
+def wait_for_draft_verdict(qtbot, dialog):
+    qtbot.waitUntil(lambda: dialog.draft_reason.text() != CHECKING, timeout=PROBE_TIMEOUT_MS)
+
+
+def test_the_tokenizers_really_differ(builtin_tokenizer, different_tokenizer_draft):
+    from transformers import AutoTokenizer
+
+    edited = AutoTokenizer.from_pretrained(str(different_tokenizer_draft))
+    first, second = SWAPPED_IDS
+    assert edited.convert_ids_to_tokens(first) == builtin_tokenizer.convert_ids_to_tokens(second)
+    assert edited.convert_ids_to_tokens(list(range(first))) == builtin_tokenizer.convert_ids_to_tokens(
+        list(range(first))
+    )
+
+
+def test_incompatible_draft_is_refused_with_its_reason(qtbot, open_dialog, different_tokenizer_draft):
+    dialog = open_dialog(AppConfig(drafter="model", draft=str(different_tokenizer_draft)))
+    assert not dialog.apply_button.isEnabled()  # not before the check has answered
+    wait_for_draft_verdict(qtbot, dialog)
+    reason = dialog.draft_reason.text()
+    assert str(SWAPPED_IDS[0]) in reason
+    assert not dialog.apply_button.isEnabled()
+    assert not dialog.ok_button.isEnabled()
+    assert dialog.apply() is False
+
+
+def test_compatible_draft_can_be_applied(qtbot, open_dialog, same_tokenizer_draft, store):
+    dialog = open_dialog(AppConfig(drafter="model", draft=str(same_tokenizer_draft)))
+    wait_for_draft_verdict(qtbot, dialog)
+    assert dialog.draft_reason.text() == ""
+    assert dialog.apply_button.isEnabled()
+    with qtbot.waitSignal(dialog.applied) as applied:
+        dialog.apply_button.click()
+    assert applied.args[0].draft == str(same_tokenizer_draft)
+    assert AppConfig.load(store).draft == str(same_tokenizer_draft)
+
+
+def test_a_draft_path_that_does_not_exist_is_refused(qtbot, open_dialog, tmp_path):
+    dialog = open_dialog(AppConfig(drafter="model", draft=str(tmp_path / "missing")))
+    wait_for_draft_verdict(qtbot, dialog)
+    assert "No model at" in dialog.draft_reason.text()
+    assert not dialog.apply_button.isEnabled()
+
+
+def test_switching_to_ngram_lifts_the_refusal(qtbot, open_dialog, different_tokenizer_draft):
+    dialog = open_dialog(AppConfig(drafter="model", draft=str(different_tokenizer_draft)))
+    wait_for_draft_verdict(qtbot, dialog)
+    assert not dialog.apply_button.isEnabled()
+    dialog.drafter_combo.setCurrentIndex(dialog.drafter_combo.findData("ngram"))
+    assert dialog.apply_button.isEnabled()
+    assert not dialog.draft_picker.isEnabled()
+
+
+def test_apply_carries_drafter_and_k_and_persists_without_closing(qtbot, open_dialog, store):
+    dialog = open_dialog(AppConfig(drafter="ngram"))
+    dialog.adaptive_box.setChecked(False)
+    dialog.k_spin.setValue(5)
+    dialog.temperature_spin.setValue(0.7)
+    dialog.seed_spin.setValue(42)
+    dialog.system_prompt_edit.setPlainText("Answer briefly.")
+    with qtbot.waitSignal(dialog.applied) as applied, qtbot.assertNotEmitted(dialog.finished):
+        dialog.apply_button.click()
+    config = applied.args[0]
+    speculation = config.speculation()
+    assert (speculation.drafter, speculation.k) == ("ngram", 5)
+    assert config.sampling().temperature == 0.7 and config.sampling().seed == 42
+    assert store.get_setting(STORE_KEY)["k"] == 5
+    assert AppConfig.load(store) == config
+
+
+def test_ok_applies_and_closes_cancel_does_neither(qtbot, open_dialog, store):
+    dialog = open_dialog(AppConfig(drafter="none"))
+    dialog.max_k_spin.setValue(12)
+    with qtbot.waitSignals([dialog.applied, dialog.accepted], order="strict"):
+        dialog.ok_button.click()
+    assert AppConfig.load(store).max_k == 12
+
+    other = open_dialog(AppConfig(drafter="none"))
+    other.max_k_spin.setValue(3)
+    with qtbot.assertNotEmitted(other.applied):
+        other.reject()
+    assert AppConfig.load(store).max_k == 12
+
+
+def test_fields_show_the_given_config(open_dialog):
+    config = AppConfig(drafter="ngram", k_mode="fixed", k=9, max_k=10, top_k=40, seed=None, temperature=1.5)
+    dialog = open_dialog(config)
+    assert dialog.config() == config
+    assert dialog.seed_spin.text() == "random"
+    assert dialog.k_spin.isEnabled()
+
+
+def test_an_invalid_setting_disables_apply_with_the_message(qtbot, open_dialog):
+    dialog = open_dialog(AppConfig(drafter="ngram"))
+    dialog.target_picker.set_spec("")
+    assert not dialog.apply_button.isEnabled()
+    assert dialog.error_label.text() == "Choose a target model."
+
+
+def test_memory_estimate_and_quantization_note_are_shown(qtbot, open_dialog):
+    dialog = open_dialog(AppConfig(drafter="model", draft_quantization="int8", device="cpu"))
+    qtbot.waitUntil(lambda: dialog.memory_label.text() != "", timeout=PROBE_TIMEOUT_MS)
+    assert any(verdict in dialog.memory_label.text() for verdict in ("fits", "tight", "won't fit"))
+    assert "GiB" in dialog.memory_label.text()
+    qtbot.waitUntil(lambda: "INT8" in dialog.quantization_note.text(), timeout=PROBE_TIMEOUT_MS)
+
+
+def test_system_prompt_dialog_falls_back_to_the_default(qtbot):
+    dialog = SystemPromptDialog("Talk like a pirate.", "You are a helpful assistant.")
+    qtbot.addWidget(dialog)
+    assert dialog.effective_prompt() == "Talk like a pirate."
+    dialog.edit.clear()
+    assert dialog.prompt() == ""
+    assert dialog.effective_prompt() == "You are a helpful assistant."

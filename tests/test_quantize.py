@@ -1,0 +1,103 @@
+"""Quantized drafts: each mode that runs here loads, generates, shrinks, and mostly agrees with fp32."""
+
+import pytest
+import torch
+from torch import nn
+
+from engine.builtin import DEFAULT_TARGET
+from engine.errors import SettingsError
+from engine.loading import load_config, load_model
+from engine.memory import estimate_weight_bytes
+from engine.quantize import int4_cpu_unavailable_reason, quantization_note, quantize_model
+
+PROMPT = "The capital of France is"
+TOKENS = 8
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+
+def greedy_tokens(loaded, count: int = TOKENS) -> list[int]:
+    inputs = loaded.tokenizer(PROMPT, return_tensors="pt").to(loaded.device)
+    out = loaded.model.generate(**inputs, max_new_tokens=count, min_new_tokens=count, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def agreement(a: list[int], b: list[int]) -> float:
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+@pytest.fixture(scope="module")
+def fp32_tokens(builtin_model):
+    return greedy_tokens(builtin_model)
+
+
+def test_unknown_mode_is_a_settings_error(builtin_model):
+    with pytest.raises(SettingsError, match="none, int8 or int4"):
+        quantize_model(builtin_model, "int3")
+
+
+def test_notes_for_the_settings_panel():
+    cpu = torch.device("cpu")
+    assert quantization_note("none", cpu) == ""
+    assert "faster" in quantization_note("int8", cpu)
+    if int4_cpu_unavailable_reason() is None:
+        assert quantization_note("int4", cpu) == "INT4 saves memory but is slower on this CPU."
+    else:
+        assert "unavailable" in quantization_note("int4", cpu)
+    assert "NF4" in quantization_note("int4", "cuda")
+
+
+@pytest.mark.slow
+def test_cpu_int8_copy(builtin_model, fp32_tokens):
+    int8 = quantize_model(builtin_model, "int8")
+    assert int8.quantization == "int8" and int8.model is not builtin_model.model
+    # The original keeps its float head tied to the embedding; the copy's head is INT8.
+    assert type(builtin_model.model.lm_head) is nn.Linear
+    assert builtin_model.model.lm_head.weight is builtin_model.model.model.embed_tokens.weight
+    assert type(int8.model.lm_head) is not nn.Linear
+    assert int8.model.model.embed_tokens.weight.dtype == torch.float32
+    assert int8.info["memory_bytes"] < 0.5 * int8.info["memory_bytes_before"]
+    assert int8.info["memory_bytes_before"] == builtin_model.info["memory_bytes"]
+    estimate = estimate_weight_bytes(builtin_model.model.config, "int8")
+    assert abs(estimate - int8.info["memory_bytes"]) <= 0.15 * int8.info["memory_bytes"]
+    assert agreement(greedy_tokens(int8), fp32_tokens) >= 0.6
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    int4_cpu_unavailable_reason() is not None, reason="bitsandbytes NF4 does not run on this CPU"
+)
+def test_cpu_int4_via_bitsandbytes(fp32_tokens):
+    int4 = load_model(DEFAULT_TARGET, device="cpu", quantization="int4")
+    assert int4.quantization == "int4"
+    assert int4.info["quantization_note"] == "INT4 saves memory but is slower on this CPU."
+    assert int4.info["memory_bytes"] < 0.4 * int4.info["memory_bytes_before"]
+    estimate = estimate_weight_bytes(load_config(DEFAULT_TARGET), "int4")
+    assert abs(estimate - int4.info["memory_bytes"]) <= 0.15 * int4.info["memory_bytes"]
+    assert agreement(greedy_tokens(int4), fp32_tokens) >= 0.6
+
+
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_cuda_bitsandbytes_draft(mode):
+    import bitsandbytes as bnb
+
+    fp = load_model(DEFAULT_TARGET, device="cuda")
+    quantized = load_model(DEFAULT_TARGET, device="cuda", quantization=mode)
+    assert quantized.device.type == "cuda" and quantized.dtype in (torch.bfloat16, torch.float16)
+    layer_type = bnb.nn.Linear8bitLt if mode == "int8" else bnb.nn.Linear4bit
+    assert isinstance(quantized.model.model.layers[0].mlp.up_proj, layer_type)
+    assert quantized.info["memory_bytes"] < 0.75 * quantized.info["memory_bytes_before"]
+    estimate = estimate_weight_bytes(quantized.model.config, mode, quantized.dtype, "cuda")
+    assert abs(estimate - quantized.info["memory_bytes"]) <= 0.15 * quantized.info["memory_bytes"]
+    assert agreement(greedy_tokens(quantized), greedy_tokens(fp)) >= 0.5
+
+
+@pytest.mark.cuda
+@cuda_only
+def test_cuda_quantize_model_reloads_from_the_folder():
+    fp = load_model(DEFAULT_TARGET, device="cuda")
+    int4 = quantize_model(fp, "int4")
+    assert int4.spec == fp.spec and int4.quantization == "int4"
+    assert len(greedy_tokens(int4, 4)) == 4

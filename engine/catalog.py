@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from engine.builtin import BUILTIN_MODELS, BUILTIN_PREFIX, COMPLETE_MARKER, converted_dir, is_converted
@@ -42,9 +41,20 @@ class CatalogEntry:
         return data
 
 
+def catalogue_path() -> Path:
+    """resources/models.json; found through the package path, which works for editable installs too."""
+    import resources
+
+    for folder in resources.__path__:
+        candidate = Path(folder) / "models.json"
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("resources/models.json is missing from this installation.")
+
+
 @functools.lru_cache(maxsize=1)
 def load_catalogue() -> dict:
-    return json.loads(resources.files("resources").joinpath("models.json").read_text())
+    return json.loads(catalogue_path().read_text(encoding="utf-8"))
 
 
 def _folder_size(folder: Path) -> int:

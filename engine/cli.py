@@ -1,0 +1,48 @@
+"""tandem-cli: terminal commands. `chat` talks to a model, `models` lists them, `bench` measures."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine import __version__
+from engine.errors import TandemError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem-cli", description="Tandem: fast, lossless local LLM chat.")
+    parser.add_argument("--version", action="version", version=f"tandem {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+
+    from engine.cli_chat import add_chat_parser
+
+    add_chat_parser(subparsers)
+    try:
+        from engine.cli_models import add_models_parser
+    except ImportError:
+        pass
+    else:
+        add_models_parser(subparsers)
+    try:
+        from engine.cli_bench import add_bench_parser
+    except ImportError:
+        pass
+    else:
+        add_bench_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except TandemError as exc:
+        print(f"tandem: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

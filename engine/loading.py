@@ -190,7 +190,10 @@ def check_model_folder(folder: Path) -> list[Path]:
         pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
         if pickles:
             raise ModelFormatError(_pickle_refusal(folder / pickles[0]))
-        raise ModelFormatError(f"'{folder}' holds no .safetensors weights.")
+        raise ModelFormatError(
+            f"'{folder}' holds no .safetensors weights. Tandem loads only safetensors: pickle "
+            "checkpoints (.bin) can run arbitrary code on load."
+        )
     for shard in shards:
         check_safetensors_file(shard)
     return shards

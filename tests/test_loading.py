@@ -148,3 +148,25 @@ def test_load_a_gguf_file_and_reuse_its_conversion(tmp_path, monkeypatch, builti
     stamp = (loaded.path / "model.safetensors").stat().st_mtime_ns
     again = load_model(str(gguf), device="cpu")
     assert (again.path / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_download_progress_reaches_the_callback():
+    from engine.hub import _progress_bar_class
+
+    reports = []
+    bar = _progress_bar_class(lambda stage, done, total: reports.append((stage, done, total)))(
+        total=10, desc="Downloading bytes"
+    )
+    bar.update(3)
+    bar.update(7)
+    bar.close()
+    assert reports[-1] == ("Downloading bytes", 10, 10)
+    assert ("Downloading bytes", 3, 10) in reports
+
+
+def test_folder_without_safetensors_explains_why(tmp_path, tiny_model_dir):
+    folder = tmp_path / "config-only"
+    folder.mkdir()
+    shutil.copy(tiny_model_dir / "config.json", folder)
+    with pytest.raises(ModelFormatError, match="only safetensors"):
+        load_model(str(folder))

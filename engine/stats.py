@@ -15,6 +15,7 @@ class GenerationStats:
     accepted: int = 0
     generated_tokens: int = 0
     prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually computed; the rest came from the cache of earlier turns
     # per_position_*[i]: how often a draft token was proposed / accepted at position i of a round
     per_position_drafted: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)
@@ -29,6 +30,11 @@ class GenerationStats:
     # one plain target step (one token, warm cache), measured on this device in this session
     target_step_time_s: float | None = None
     fallback_to_plain: bool = False
+    # what adaptive K works from: estimated acceptance rate, seconds per draft step,
+    # and seconds per target forward over n new tokens (n -> s)
+    alpha_estimate: float | None = None
+    draft_step_time_s: float | None = None
+    verify_forward_s: dict[int, float] = field(default_factory=dict)
     note: str = ""
 
     @property
@@ -79,4 +85,4 @@ class GenerationStats:
         return data
 
     def copy(self) -> GenerationStats:
-        return GenerationStats(**{k: (list(v) if isinstance(v, list) else v) for k, v in asdict(self).items()})
+        return GenerationStats(**asdict(self))

@@ -1,0 +1,76 @@
+"""One causal LM with its KV cache, behind the few calls the speculative loop needs.
+
+The cache always holds the first `cache_length` tokens of the sequence the caller is building;
+the caller keeps the token ids. Rolling back is cheap: the rejected positions are cut off.
+
+This is the eager implementation on a transformers DynamicCache. A static-cache runner (fixed
+buffers, compiled forwards) can replace it as long as it keeps this interface.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+class ModelRunner:
+    def __init__(self, model, device: torch.device | None = None):
+        self.model = model
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.context_length = int(getattr(model.config, "max_position_embeddings", None) or 2048)
+        self.cache = None
+        self.cache_length = 0
+        # transformers renamed `past_key_values` to `cache` during 5.x
+        self._cache_argument = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.cache_length = 0
+
+    @torch.inference_mode()
+    def prefill(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """Appends `ids` ([n], n >= 1) to the cache; returns the logits after the last one: [V] float32."""
+        return self._forward(ids, logits_to_keep=1)[-1]
+
+    @torch.inference_mode()
+    def forward(self, new_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """Appends `new_ids` ([n]) to the cache; returns the logits at every new position: [n, V] float32.
+
+        Row i scores the token that follows new_ids[i].
+        """
+        return self._forward(new_ids, logits_to_keep=0)
+
+    def rollback(self, to_length: int) -> None:
+        """Forget every cached position from `to_length` on."""
+        assert 0 <= to_length <= self.cache_length, (to_length, self.cache_length)
+        if to_length < self.cache_length:
+            self.cache.crop(to_length - self.cache_length)  # a negative value removes that many tokens
+            self.cache_length = to_length
+
+    def synchronize(self) -> None:
+        """Waits for queued device work; only timing needs it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _forward(self, ids, logits_to_keep: int) -> torch.Tensor:
+        if self.cache is None:
+            self.reset()
+        input_ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).view(1, -1)  # [1, n]
+        n = input_ids.size(1)
+        assert n >= 1 and self.cache_length + n <= self.context_length, (self.cache_length, n)
+        positions = torch.arange(self.cache_length, self.cache_length + n, device=self.device)  # [n]
+        output = self.model(
+            input_ids=input_ids,
+            position_ids=positions.unsqueeze(0),
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            **{self._cache_argument: self.cache},
+        )
+        self.cache_length += n
+        return output.logits[0].float()  # [n or 1, V]

@@ -1,0 +1,209 @@
+"""Speculative decoding: draft K tokens cheaply, verify them in ONE target forward, keep what the target agrees with.
+
+Invariant between rounds: `context` is prompt + generated tokens, and the target's cache holds
+context[:-1]. A round feeds the last context token plus the K draft tokens ([K+1] positions), so
+row i of the target's logits scores draft token i, and row K scores the bonus token.
+
+The output is exactly the target's: token for token under greedy decoding, and in distribution
+when sampling (see engine.sampling.accept_reject).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.adaptive import KController, VerifyCostCurve
+from engine.detok import IncrementalDetokenizer
+from engine.drafters import Cancelled, Drafter, NoDrafter, empty_draft
+from engine.events import Event, Finished, RoundStats, TextPiece, TokenSpan
+from engine.runner import ModelRunner
+from engine.sampling import accept_reject, greedy_accept, probs_from_logits, sample
+from engine.settings import SamplingSettings, SpeculationSettings
+from engine.stats import GenerationStats
+
+
+@dataclass
+class RoundResult:
+    tokens: list[int]  # accepted draft tokens, then the target's own token
+    drafted: int
+    num_accepted: int
+    draft_s: float
+    verify_s: float
+
+
+def make_generator(sampling: SamplingSettings, device) -> torch.Generator:
+    """One generator per request: a seeded run repeats exactly."""
+    generator = torch.Generator(device=device)
+    if sampling.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(sampling.seed)
+    return generator
+
+
+def speculative_round(
+    target: ModelRunner,
+    drafter: Drafter,
+    context: list[int],
+    k: int,
+    sampling: SamplingSettings,
+    generator: torch.Generator,
+    cancel: threading.Event | None,
+) -> RoundResult:
+    # 1. Draft up to k tokens (k = 0: a plain decoding step).
+    start = time.perf_counter()
+    draft = drafter.propose(context, k) if k > 0 else empty_draft(target.vocab_size, target.device)
+    target.synchronize()
+    drafted_at = time.perf_counter()
+    if cancel is not None and cancel.is_set():
+        drafter.update([])
+        raise Cancelled
+
+    # 2. Verify: one target forward over the last context token and the draft tokens.
+    last_token = torch.tensor([context[-1]], dtype=torch.long, device=target.device)
+    target_logits = target.forward(torch.cat([last_token, draft.tokens]))  # [K+1, V]
+
+    # 3. Accept a prefix of the draft, then take the target's token: the correction at the first
+    #    rejected position, or the bonus token after the last draft token.
+    draft_tokens = draft.tokens.unsqueeze(0)  # [1, K]
+    if sampling.greedy:
+        num_accepted, next_token = greedy_accept(draft_tokens, target_logits.unsqueeze(0))
+    else:
+        target_probs = probs_from_logits(target_logits, sampling)  # [K+1, V]
+        num_accepted, next_token = accept_reject(
+            draft_tokens, draft.probs.unsqueeze(0), target_probs.unsqueeze(0), generator
+        )
+    n, next_id, *draft_ids = torch.cat(
+        [num_accepted, next_token, draft.tokens]
+    ).tolist()  # the round's host sync
+    verified_at = time.perf_counter()
+
+    # 4. Roll both caches back past the rejected draft tokens.
+    accepted = draft_ids[:n]
+    target.rollback(len(context) + n)  # holds context + accepted; the next token is fed next round
+    drafter.update(accepted)
+    return RoundResult(accepted + [next_id], len(draft_ids), n, drafted_at - start, verified_at - drafted_at)
+
+
+def prefill(target: ModelRunner, prompt_ids: list[int], sampling: SamplingSettings, generator) -> int:
+    """Brings the target cache from prompt_ids[:cache_length] to the whole prompt; returns the first token."""
+    keep = min(target.cache_length, len(prompt_ids) - 1)
+    target.rollback(keep)
+    logits = target.prefill(prompt_ids[keep:])  # [V]
+    probs = probs_from_logits(logits, sampling)
+    first = probs.argmax() if sampling.greedy else sample(probs, generator)
+    return int(first.item())
+
+
+def generate(
+    target: ModelRunner,
+    drafter: Drafter,
+    prompt_ids: list[int],
+    sampling: SamplingSettings,
+    speculation: SpeculationSettings,
+    eos_ids: set[int],
+    tokenizer,
+    on_event: Callable[[Event], None] | None = None,
+    cancel: threading.Event | None = None,
+    *,
+    controller: KController | None = None,
+    stats: GenerationStats | None = None,
+) -> Finished:
+    """Generates after `prompt_ids`. The target cache must hold prompt_ids[:target.cache_length]
+    (anything from an earlier turn that matches); only the rest is prefilled."""
+    emit = on_event or (lambda event: None)
+    stats = stats or GenerationStats()
+    controller = controller or KController(speculation, VerifyCostCurve())
+    generator = make_generator(sampling, target.device)
+    drafter.begin(sampling, generator, cancel, speculation.p_min)
+    detok = IncrementalDetokenizer(tokenizer)
+    plain_only = isinstance(drafter, NoDrafter)
+    stats.drafter = drafter.name
+    stats.k_mode = "fixed" if not speculation.adaptive else "adaptive"
+    stats.prompt_tokens = len(prompt_ids)
+    base_note = stats.note
+    context = list(prompt_ids)
+    started = time.perf_counter()
+
+    def finish(reason) -> Finished:
+        text = detok.text + detok.finish()
+        stats.total_time_s = time.perf_counter() - started
+        emit(RoundStats(stats.copy()))
+        finished = Finished(reason, text, tuple(context[len(prompt_ids) :]), stats.copy())
+        emit(finished)
+        return finished
+
+    def publish(tokens: list[int], provenance: list[str]) -> str | None:
+        """Appends tokens to the context and streams their text; returns "eos" when one of them ends the reply."""
+        stop = next((i for i, token in enumerate(tokens) if token in eos_ids), None)
+        if stop is not None:
+            tokens, provenance = tokens[: stop + 1], provenance[: stop + 1]
+        context.extend(tokens)
+        stats.generated_tokens += len(tokens)
+        emit(TextPiece(tuple(TokenSpan(t, detok.add(t), p) for t, p in zip(tokens, provenance, strict=True))))
+        return "eos" if stop is not None else None
+
+    if cancel is not None and cancel.is_set():
+        return finish("cancelled")
+    stats.prefill_tokens = len(prompt_ids) - min(target.cache_length, len(prompt_ids) - 1)
+    first_token = prefill(target, prompt_ids, sampling, generator)
+    stats.prefill_time_s = stats.ttft_s = time.perf_counter() - started
+    if cancel is not None and cancel.is_set():
+        return finish("cancelled")
+    if publish([first_token], ["target"]) == "eos":
+        target_cache_holds(target, context)
+        return finish("eos")
+
+    while True:
+        budget = min(sampling.max_new_tokens - stats.generated_tokens, target.context_length - len(context))
+        if budget <= 0:
+            return finish("max_tokens")
+        k = 0 if plain_only else controller.choose(limit=budget - 1)
+        try:
+            result = speculative_round(target, drafter, context, k, sampling, generator, cancel)
+        except Cancelled:
+            return finish("cancelled")
+        controller.observe(k, result.drafted, result.num_accepted, result.draft_s, result.verify_s)
+        record_round(stats, controller, k, result)
+        stats.note = " ".join(filter(None, [base_note, controller.note()]))
+        provenance = ["draft"] * result.num_accepted
+        provenance.append("bonus" if result.drafted and result.num_accepted == result.drafted else "target")
+        reason = publish(result.tokens, provenance)
+        stats.total_time_s = time.perf_counter() - started
+        if reason == "eos":
+            target_cache_holds(target, context)
+            return finish("eos")
+        emit(RoundStats(stats.copy()))
+        if cancel is not None and cancel.is_set():
+            return finish("cancelled")
+
+
+def target_cache_holds(target: ModelRunner, context: list[int]) -> None:
+    """After a reply ends early inside a round, drop cached tokens past context[:-1]."""
+    target.rollback(min(target.cache_length, len(context) - 1))
+
+
+def record_round(stats: GenerationStats, controller: KController, k: int, result: RoundResult) -> None:
+    stats.rounds += 1
+    stats.current_k = k
+    stats.k_history.append(k)
+    stats.drafted += result.drafted
+    stats.accepted += result.num_accepted
+    stats.accepted_lengths.append(result.num_accepted + 1)
+    for position in range(result.drafted):
+        if position == len(stats.per_position_drafted):
+            stats.per_position_drafted.append(0)
+            stats.per_position_accepted.append(0)
+        stats.per_position_drafted[position] += 1
+        stats.per_position_accepted[position] += position < result.num_accepted
+    stats.draft_time_s += result.draft_s
+    stats.verify_time_s += result.verify_s
+    stats.fallback_to_plain = controller.plain
+    stats.alpha_estimate = controller.alpha
+    stats.draft_step_time_s = controller.draft_step_s
+    stats.verify_forward_s = controller.curve.to_dict()

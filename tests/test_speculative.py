@@ -1,0 +1,230 @@
+"""The speculative loop on tiny random models: exact greedy output, cache invariants, cancel, limits."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from engine.events import RoundStats, TextPiece
+from engine.runner import ModelRunner
+from engine.settings import SamplingSettings, SpeculationSettings
+from engine.speculative import generate
+
+NEW_TOKENS = 40
+PROMPT = "The cat sat on the mat. The dog sat on the log. The cat sat on the"
+
+
+@pytest.fixture(scope="module")
+def target(make_tiny):
+    return make_tiny(seed=0)
+
+
+@pytest.fixture(scope="module")
+def other_draft(make_tiny):
+    return make_tiny(seed=1, layers=1)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(target):
+    return target.tokenizer(PROMPT, add_special_tokens=False).input_ids
+
+
+@pytest.fixture(scope="module")
+def reference(target, prompt_ids):
+    """Plain greedy decoding by transformers."""
+    output = target.model.generate(
+        torch.tensor([prompt_ids]),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        eos_token_id=list(target.eos_token_ids),
+    )
+    return output[0, len(prompt_ids) :].tolist()
+
+
+def make_drafter(kind, target, other_draft):
+    vocab = target.model.config.vocab_size
+    if kind == "self":
+        return ModelDrafter(ModelRunner(target.model), vocab, "self")
+    if kind == "other":
+        return ModelDrafter(ModelRunner(other_draft.model), vocab, "other")
+    if kind == "ngram":
+        return NgramDrafter(vocab, target.device)
+    return NoDrafter(vocab, target.device)
+
+
+def run(target, drafter, prompt_ids, k=None, sampling=None, on_event=None, cancel=None, runner=None):
+    sampling = sampling or SamplingSettings(max_new_tokens=NEW_TOKENS)
+    runner = runner or ModelRunner(target.model)
+    return generate(
+        runner, drafter, prompt_ids, sampling, SpeculationSettings(k=k), target.eos_token_ids,
+        target.tokenizer, on_event, cancel,
+    )  # fmt: skip
+
+
+def assert_greedy_equal(model, prompt_ids, ours, reference):
+    """Token for token; where they differ, the target's top two scores must tie (1e-5) at that position."""
+    if ours == reference:
+        return
+    first = next(i for i, (a, b) in enumerate(zip(ours, reference, strict=False)) if a != b)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + reference[:first]])).logits[0, -1]
+    top2 = logits.topk(2).values
+    assert (top2[0] - top2[1]).abs() < 1e-5, f"differs at token {first}: {ours[first]} vs {reference[first]}"
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("kind", ["other", "self", "ngram"])
+def test_greedy_output_equals_plain_generate(kind, k, target, other_draft, prompt_ids, reference):
+    finished = run(target, make_drafter(kind, target, other_draft), prompt_ids, k=k)
+    assert_greedy_equal(target.model, prompt_ids, list(finished.token_ids), reference)
+    if kind == "self":
+        assert finished.stats.acceptance_rate == 1.0
+        assert finished.stats.drafted > 0
+
+
+@pytest.mark.parametrize("kind", ["none", "ngram", "self", "other"])
+def test_adaptive_k_and_plain_also_equal_greedy(kind, target, other_draft, prompt_ids, reference):
+    finished = run(target, make_drafter(kind, target, other_draft), prompt_ids, k=None)
+    assert_greedy_equal(target.model, prompt_ids, list(finished.token_ids), reference)
+    assert finished.stats.drafter == {"none": "none", "ngram": "ngram"}.get(kind, f"model:{kind}")
+
+
+@pytest.mark.parametrize("kind", ["other", "ngram"])
+def test_cache_holds_prompt_plus_accepted_after_every_round(kind, target, other_draft, prompt_ids):
+    runner = ModelRunner(target.model)
+    drafter = make_drafter(kind, target, other_draft)
+    checked = []
+
+    def check(event):
+        if isinstance(event, RoundStats):
+            # the last token of the context is fed at the start of the next round
+            assert runner.cache_length == len(prompt_ids) + event.stats.generated_tokens - 1
+            if isinstance(drafter, ModelDrafter):
+                assert drafter.runner.cache_length == len(drafter.cached_tokens)
+            checked.append(event.stats.rounds)
+
+    run(target, drafter, prompt_ids, k=4, on_event=check, runner=runner)
+    assert len(checked) > 5
+
+
+def test_provenance_and_stats_add_up(target, prompt_ids):
+    pieces = []
+    finished = run(target, make_drafter("self", target, None), prompt_ids, k=3, on_event=pieces.append)
+    spans = [span for event in pieces if isinstance(event, TextPiece) for span in event.spans]
+    assert [span.token_id for span in spans] == list(finished.token_ids)
+    assert spans[0].provenance == "target"  # from the prefill
+    assert {span.provenance for span in spans[1:]} <= {"draft", "bonus"}
+    stats = finished.stats
+    assert stats.accepted == sum(span.provenance == "draft" for span in spans)
+    assert sum(stats.accepted_lengths) == stats.generated_tokens - 1
+    assert stats.per_position_acceptance()[:3] == [1.0, 1.0, 1.0]
+    assert stats.ttft_s is not None and stats.verify_time_s > 0 and stats.draft_time_s > 0
+
+
+def test_sampling_with_draft_equal_to_target_accepts_everything(target, prompt_ids):
+    sampling = SamplingSettings(temperature=0.9, top_k=40, top_p=0.95, max_new_tokens=30, seed=3)
+    finished = run(target, make_drafter("self", target, None), prompt_ids, k=4, sampling=sampling)
+    assert finished.stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("kind", ["other", "ngram"])
+def test_seeded_sampling_repeats_exactly(kind, target, other_draft, prompt_ids):
+    sampling = SamplingSettings(temperature=1.0, top_p=0.9, max_new_tokens=16, seed=1234)
+    outputs = {run(target, make_drafter(kind, target, other_draft), prompt_ids, k=3, sampling=sampling).token_ids
+               for _ in range(20)}  # fmt: skip
+    assert len(outputs) == 1
+    sampling.seed = 99
+    assert (
+        run(target, make_drafter(kind, target, other_draft), prompt_ids, k=3, sampling=sampling).token_ids
+        not in outputs
+    )
+
+
+def test_cancel_from_the_callback_stops_before_the_next_round(target, other_draft, prompt_ids, reference):
+    cancel = threading.Event()
+    pieces = []
+
+    def on_event(event):
+        if isinstance(event, TextPiece):
+            pieces.append(event)
+            if len(pieces) == 3:
+                cancel.set()
+
+    runner = ModelRunner(target.model)
+    drafter = make_drafter("other", target, other_draft)
+    finished = run(target, drafter, prompt_ids, k=4, on_event=on_event, cancel=cancel, runner=runner)
+    assert finished.reason == "cancelled" and len(pieces) == 3
+    # the caches stay usable: continue from the prompt, reusing what the target cached
+    runner.rollback(min(runner.cache_length, len(prompt_ids)))
+    again = run(target, drafter, prompt_ids, k=4, runner=runner)
+    assert_greedy_equal(target.model, prompt_ids, list(again.token_ids), reference)
+
+
+def test_cancel_from_another_thread_takes_effect_within_one_forward(target, prompt_ids):
+    """Cancel lands between forwards: after it is set, at most the forward in flight completes."""
+    runner = ModelRunner(target.model)
+    forwards_after_cancel = []
+    cancel = threading.Event()
+    original = runner.forward
+
+    def counting_forward(ids):
+        if cancel.is_set():
+            forwards_after_cancel.append(1)
+        return original(ids)
+
+    runner.forward = counting_forward
+    drafter = make_drafter("self", target, None)
+    timer = threading.Timer(0.2, cancel.set)
+    timer.start()
+    started = time.perf_counter()
+    finished = run(target, drafter, prompt_ids, k=4, sampling=SamplingSettings(max_new_tokens=100_000),
+                   cancel=cancel, runner=runner)  # fmt: skip
+    timer.join()
+    assert finished.reason == "cancelled"
+    assert time.perf_counter() - started < 5
+    assert len(forwards_after_cancel) <= 1
+
+
+def test_stops_at_the_end_of_the_context(target, other_draft):
+    context_length = target.model.config.max_position_embeddings
+    prompt_ids = [100 + i % 50 for i in range(context_length - 5)]
+    finished = run(target, make_drafter("other", target, other_draft), prompt_ids, k=8,
+                   sampling=SamplingSettings(max_new_tokens=50))  # fmt: skip
+    assert finished.reason in ("max_tokens", "eos")
+    assert len(prompt_ids) + len(finished.token_ids) <= context_length
+
+
+def test_max_new_tokens_is_exact_with_long_drafts(target, prompt_ids):
+    for limit in (1, 2, 5, 9):
+        finished = run(target, make_drafter("self", target, None), prompt_ids, k=8,
+                       sampling=SamplingSettings(max_new_tokens=limit))  # fmt: skip
+        assert len(finished.token_ids) == limit or finished.reason == "eos"
+
+
+@pytest.mark.slow
+def test_acceptance_does_not_decay_over_512_tokens_on_the_builtin_model(builtin_model):
+    """Draft = target with K = 8 on SmolLM2: every drafted token is accepted, early and late."""
+    tokenizer = builtin_model.tokenizer
+    prompt_ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+        add_generation_prompt=True, tokenize=False,
+    )  # fmt: skip
+    prompt_ids = tokenizer(prompt_ids, add_special_tokens=False).input_ids
+    runner = ModelRunner(builtin_model.model)
+    drafter = ModelDrafter(ModelRunner(builtin_model.model), runner.vocab_size, "self")
+    spans = []
+    finished = generate(
+        runner, drafter, prompt_ids, SamplingSettings(max_new_tokens=512), SpeculationSettings(k=8), set(),
+        tokenizer, lambda e: spans.extend(e.spans) if isinstance(e, TextPiece) else None,
+    )  # fmt: skip
+    assert len(finished.token_ids) == 512
+    assert runner.cache_length == len(prompt_ids) + 511
+    first, last = spans[1:129], spans[-128:]
+    # "target" tokens mark rejections; the bonus/draft split only depends on where rounds end
+    assert sum(span.provenance == "target" for span in first) == 0
+    assert sum(span.provenance == "target" for span in last) == 0
+    assert finished.stats.acceptance_rate == 1.0

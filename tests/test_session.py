@@ -1,0 +1,132 @@
+"""ChatEngine: templates, multi-turn cache reuse, drafter choice, limits, streaming text."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from engine.errors import ContextOverflowError, IncompatibleDraftError
+from engine.events import Finished, RoundStats, TextPiece
+from engine.session import ChatEngine
+from engine.settings import SamplingSettings, SpeculationSettings
+
+
+@pytest.fixture(scope="module")
+def target(make_tiny):
+    return make_tiny(seed=0)
+
+
+@pytest.fixture(scope="module")
+def draft(make_tiny):
+    return make_tiny(seed=1, layers=1)
+
+
+def greedy_reference(loaded, prompt_ids, max_new_tokens):
+    output = loaded.model.generate(
+        torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+        eos_token_id=list(loaded.eos_token_ids),
+    )  # fmt: skip
+    return output[0, len(prompt_ids) :].tolist()
+
+
+def test_second_turn_prefills_only_new_tokens_and_equals_plain_greedy(target, draft):
+    engine = ChatEngine(
+        target, draft, SpeculationSettings(drafter="model", k=3), SamplingSettings(max_new_tokens=24)
+    )
+    messages = [{"role": "user", "content": "Name three colours."}]
+    first = engine.respond(messages)
+    assert first.stats.prefill_tokens == first.stats.prompt_tokens
+    messages += [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "And three animals?"},
+    ]
+    prompt_ids = engine.prompt_ids(messages)
+    second = engine.respond(messages)
+    assert second.stats.prompt_tokens == len(prompt_ids)
+    assert second.stats.prefill_tokens < len(prompt_ids) - len(engine.prompt_ids(messages[:1]))
+    assert list(second.token_ids) == greedy_reference(target, prompt_ids, 24)
+    assert second.stats.drafter == f"model:{draft.name}"
+    assert second.stats.target_step_time_s and second.stats.speedup
+
+
+def test_settings_are_read_at_each_call(target):
+    engine = ChatEngine(target)
+    messages = [{"role": "user", "content": "Hi"}]
+    engine.sampling = SamplingSettings(max_new_tokens=5)
+    engine.speculation = SpeculationSettings(drafter="none")
+    finished = engine.respond(messages)
+    assert finished.stats.drafter == "none" and len(finished.token_ids) <= 5
+    engine.speculation = SpeculationSettings(drafter="ngram", k=2)
+    assert engine.respond(messages).stats.drafter == "ngram"
+
+
+def test_model_drafter_without_a_draft_falls_back_to_ngram(target):
+    engine = ChatEngine(
+        target, None, SpeculationSettings(drafter="model"), SamplingSettings(max_new_tokens=4)
+    )
+    finished = engine.respond([{"role": "user", "content": "Hi"}])
+    assert finished.stats.drafter == "ngram" and "n-gram" in finished.stats.note
+
+
+def test_streamed_text_equals_final_decode_with_emoji_and_cjk(target, draft):
+    engine = ChatEngine(target, draft, SpeculationSettings(k=4), SamplingSettings(max_new_tokens=60))
+    for content in ("Translate 🙂🎉 into 中文, please: 你好世界", "日本語で答えて 👩‍👩‍👧"):
+        events = []
+        finished = engine.respond([{"role": "user", "content": content}], on_event=events.append)
+        streamed = "".join(event.text for event in events if isinstance(event, TextPiece))
+        decoded = target.tokenizer.decode(list(finished.token_ids), skip_special_tokens=True)
+        assert streamed == finished.text == decoded
+        assert isinstance(events[-1], Finished) and any(isinstance(e, RoundStats) for e in events)
+
+
+def test_seeded_sampling_through_the_engine_repeats(target, draft):
+    engine = ChatEngine(target, draft, SpeculationSettings(k=3),
+                        SamplingSettings(temperature=0.8, top_k=50, max_new_tokens=12, seed=7))  # fmt: skip
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    outputs = {engine.respond(messages).token_ids for _ in range(5)}
+    assert len(outputs) == 1
+
+
+def test_cancel_then_next_turn_equals_plain_greedy(target, draft):
+    engine = ChatEngine(target, draft, SpeculationSettings(k=4), SamplingSettings(max_new_tokens=30))
+    cancel = threading.Event()
+
+    def on_event(event):
+        if isinstance(event, TextPiece):
+            cancel.set()
+
+    messages = [{"role": "user", "content": "Count to ten."}]
+    assert engine.respond(messages, on_event, cancel).reason == "cancelled"
+    messages = [{"role": "user", "content": "Count to ten, slowly."}]
+    finished = engine.respond(messages)
+    assert list(finished.token_ids) == greedy_reference(target, engine.prompt_ids(messages), 30)
+
+
+def test_prompt_past_the_context_is_refused_with_numbers(target):
+    engine = ChatEngine(target, sampling=SamplingSettings(max_new_tokens=4))
+    limit = target.model.config.max_position_embeddings
+    with pytest.raises(ContextOverflowError, match=f"{limit}"):
+        engine.generate_ids([100] * limit)
+    assert len(engine.generate_ids([100] * (limit - 2)).token_ids) <= 2
+
+
+def test_incompatible_draft_is_refused(target, builtin_tokenizer):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from engine.loading import LoadedModel
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=1000)  # fmt: skip
+    small = LoadedModel(
+        "small", AutoModelForCausalLM.from_config(config), builtin_tokenizer, target.device, target.dtype
+    )
+    with pytest.raises(IncompatibleDraftError, match="1000"):
+        ChatEngine(target, small)
+
+
+def test_calibrate_is_cached(target):
+    engine = ChatEngine(target)
+    first = engine.calibrate()
+    assert first > 0 and engine.calibrate() == first

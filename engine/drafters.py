@@ -26,7 +26,7 @@ class Cancelled(Exception):
 @dataclass
 class Draft:
     tokens: torch.Tensor  # [k] long, on the target's device
-    probs: torch.Tensor  # [k, V] float32: the distribution each token was drawn from
+    probs: torch.Tensor | None  # [k, V] float32: the distribution each token was drawn from; None when greedy
 
     def __len__(self) -> int:
         return int(self.tokens.size(0))
@@ -36,11 +36,13 @@ class Drafter:
     name = "none"
     # forwards a round costs besides the target's; zero for drafters without a model
     has_model = False
+    sampling = SamplingSettings()
 
     def begin(
         self, sampling: SamplingSettings, generator: torch.Generator | None, cancel=None, p_min=0.0
     ) -> None:
         """A new request starts: its sampling settings, random generator and cancel flag."""
+        self.sampling = sampling
 
     def propose(self, context: list[int], k: int) -> Draft:
         raise NotImplementedError
@@ -89,7 +91,7 @@ class NgramDrafter(Drafter):
             follower = self._latest.get(tuple(context[-n:]))
             if follower is not None:
                 tokens = torch.tensor(context[follower : follower + k], dtype=torch.long, device=self.device)
-                return Draft(tokens, one_hot(tokens, self.vocab_size))
+                return Draft(tokens, None if self.sampling.greedy else one_hot(tokens, self.vocab_size))
         return empty_draft(self.vocab_size, self.device)
 
     def _index(self, context: list[int]) -> None:
@@ -130,21 +132,22 @@ class ModelDrafter(Drafter):
         logits = self._catch_up(context)  # [V_draft]
         tokens, probs = [], []
         for i in range(k):
-            draft_probs = self._target_width(probs_from_logits(logits, self.sampling))  # [V]
-            if self.p_min > 0 and self._confidence(logits, draft_probs) < self.p_min:
+            if self.p_min > 0 and self._confidence(logits) < self.p_min:
                 break
-            token = (
-                draft_probs.argmax() if self.sampling.greedy else sample(draft_probs, self.generator)
-            )  # []
+            if self.sampling.greedy:
+                token = logits[: self.target_vocab_size].argmax()  # []
+            else:
+                draft_probs = self._target_width(probs_from_logits(logits, self.sampling))  # [V]
+                token = sample(draft_probs, self.generator)  # []
+                probs.append(draft_probs)
             tokens.append(token)
-            probs.append(draft_probs)
             if i + 1 < k:
                 self._check_cancel()
                 logits = self.runner.forward(token.view(1))[-1]
         self._pending = (context, len(tokens))
         if not tokens:
             return empty_draft(self.target_vocab_size, self.runner.device)
-        return Draft(torch.stack(tokens), torch.stack(probs))
+        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
 
     def update(self, accepted: list[int]) -> None:
         """The cache holds context + draft[:k-1]; keep context + the accepted part of that."""
@@ -174,8 +177,9 @@ class ModelDrafter(Drafter):
             return torch.nn.functional.pad(probs, (0, extra))
         return probs[..., : self.target_vocab_size] if extra < 0 else probs
 
-    def _confidence(self, logits: torch.Tensor, draft_probs: torch.Tensor) -> float:
-        probs = logits.softmax(-1) if self.sampling.greedy else draft_probs
+    def _confidence(self, logits: torch.Tensor) -> float:
+        """The draft's top probability (after the warpers when sampling)."""
+        probs = logits.softmax(-1) if self.sampling.greedy else probs_from_logits(logits, self.sampling)
         return float(probs.max())  # a host sync per draft step, only when p_min is on
 
     def _check_cancel(self) -> None:

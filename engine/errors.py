@@ -65,3 +65,7 @@ class SchemaTooNewError(StorageError):
 
 class ImportFormatError(StorageError):
     """A file given to import is not a Tandem export."""
+
+
+class PromptFileError(TandemError):
+    """A benchmark prompt file that is missing or has a malformed line; the message names the line."""

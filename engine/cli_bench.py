@@ -1,0 +1,204 @@
+"""`tandem-cli bench`: measures Tandem's speculative decoding against the target alone and transformers."""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+
+from engine.bench import HFSettings, Method
+
+DEFAULT_METHODS = "baseline,tandem,tandem-ngram,hf-assisted,hf-lookup,hf-plain"
+
+
+def add_bench_parser(subparsers) -> None:
+    from engine.cli_chat import add_model_options
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark speculative decoding against the target alone and transformers",
+        description="Runs a prompt file (MT-Bench / Spec-Bench format) through each method, interleaved per "
+        "prompt, and reports tokens/s (generated tokens over call time, prefill included), speed-ups, "
+        "acceptance, TTFT and greedy identity with the baseline.",
+    )
+    parser.add_argument("--prompts", default=None, help="JSONL prompt file (default: Tandem's built-in set)")
+    add_model_options(parser)
+    parser.add_argument(
+        "--k",
+        action="append",
+        default=None,
+        help="'adaptive' or a draft length 1-16; repeat for a sweep (--k 2 --k 4 --k adaptive)",
+    )
+    parser.add_argument("--max-k", type=int, default=8, help="largest K adaptive mode may choose")
+    parser.add_argument(
+        "--methods",
+        default=None,
+        help=f"comma list from baseline, tandem, tandem-ngram, hf-assisted, hf-lookup, hf-plain (default: {DEFAULT_METHODS})",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--limit", type=int, default=None, help="at most N prompts, taken from each category in turn"
+    )
+    parser.add_argument("--categories", default=None, help="comma list of categories to keep")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed passes of the first prompt per method")
+    parser.add_argument("--json", dest="json_path", default=None, help="write the full report to this file")
+    parser.add_argument("--plots", default=None, help="write PNG plots to this folder")
+    hf = HFSettings()
+    parser.add_argument(
+        "--hf-assistant-tokens",
+        type=int,
+        default=hf.assistant_tokens,
+        help="hf-assisted: draft tokens in the first round (num_assistant_tokens)",
+    )
+    parser.add_argument(
+        "--hf-schedule",
+        default=hf.assistant_schedule,
+        help="hf-assisted: num_assistant_tokens_schedule (heuristic, heuristic_transient or constant)",
+    )
+    parser.add_argument(
+        "--hf-lookup-tokens", type=int, default=hf.lookup_tokens, help="hf-lookup: prompt_lookup_num_tokens"
+    )
+    parser.set_defaults(handler=run_bench)
+
+
+def draft_kind(draft_arg: str | None) -> str:
+    value = (draft_arg or "").lower()
+    return value if value in ("ngram", "none") else "model"
+
+
+def chosen_method_kinds(args) -> list[str]:
+    if args.methods:
+        return [name.strip() for name in args.methods.split(",") if name.strip()]
+    kinds = DEFAULT_METHODS.split(",")
+    if draft_kind(args.draft) != "model":
+        kinds.remove("hf-assisted")  # it needs a draft model
+    return kinds
+
+
+def needs_draft_model(methods: list[Method], kind: str) -> bool:
+    return any(m.kind == "hf-assisted" or (m.kind == "tandem" and kind == "model") for m in methods)
+
+
+def load_models(args, methods: list[Method]):
+    from engine.cli_chat import ProgressBar
+    from engine.pair import load_pair
+
+    kind = draft_kind(args.draft)
+    draft_spec = args.draft if kind == "model" else "none"
+    if kind != "model" and any(m.kind == "hf-assisted" for m in methods):
+        from engine.errors import SettingsError
+
+        raise SettingsError(f"hf-assisted needs a draft model, but --draft is '{args.draft}'.")
+    if not needs_draft_model(methods, kind):
+        draft_spec = "none"
+    progress = ProgressBar()
+    try:
+        return load_pair(
+            args.target, draft_spec, quantization=args.quant, device=args.device, progress=progress
+        )
+    finally:
+        progress.close()
+
+
+def bench_config(args, prompts_path, prompts, methods, k_values, hf: HFSettings) -> dict:
+    import torch
+    import transformers
+
+    from engine.bench import __doc__ as definitions
+
+    return {
+        "prompts_file": str(prompts_path),
+        "prompt_count": len(prompts),
+        "turn_count": sum(len(p.turns) for p in prompts),
+        "categories": sorted({p.category for p in prompts}),
+        "limit": args.limit,
+        "target": args.target,
+        "draft": args.draft if args.draft else "quantized copy of the target",
+        "quant": args.quant,
+        "device": args.device,
+        "k": ["adaptive" if k is None else k for k in k_values],
+        "max_k": args.max_k,
+        "methods": [m.name for m in methods],
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "warmup": args.warmup,
+        "hf": {
+            "num_assistant_tokens": hf.assistant_tokens,
+            "num_assistant_tokens_schedule": hf.assistant_schedule,
+            "assistant_confidence_threshold": hf.assistant_confidence_threshold,
+            "prompt_lookup_num_tokens": hf.lookup_tokens,
+            "max_matching_ngram_size": hf.lookup_ngram,
+        },
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "definitions": " ".join((definitions or "").split()),
+    }
+
+
+def runner_extras(runners) -> dict[str, dict]:
+    """Per method: the target's measured step time and verify cost curve (Tandem methods only)."""
+    target_step = next((r.target_step_s for r in runners if hasattr(r, "target_step_s")), None)
+    extras = {}
+    for runner in runners:
+        extras[runner.method.name] = {
+            "target_step_s": getattr(runner, "target_step_s", target_step),
+            "verify_forward_s": {str(n): s for n, s in getattr(runner, "verify_forward_s", {}).items()},
+        }
+    return extras
+
+
+def run_bench(args) -> int:
+    from tqdm import tqdm
+
+    from engine import bench
+    from engine.cli_chat import sampling_from_args
+
+    prompts_path = args.prompts or bench.default_prompts_path()
+    categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    prompts = bench.select_prompts(bench.load_prompts(prompts_path), categories, args.limit)
+    k_values = bench.parse_k_values(args.k)
+    methods = bench.expand_methods(chosen_method_kinds(args), k_values)
+    args.top_k, args.top_p = 0, 1.0
+    sampling = sampling_from_args(args)
+    hf = HFSettings(
+        assistant_tokens=args.hf_assistant_tokens,
+        assistant_schedule=args.hf_schedule,
+        lookup_tokens=args.hf_lookup_tokens,
+    )
+    hf.validate()
+    if args.warmup < 0:
+        from engine.errors import SettingsError
+
+        raise SettingsError(f"--warmup must be 0 or more, not {args.warmup}.")
+
+    target, draft = load_models(args, methods)
+    runners = bench.build_runners(methods, target, draft, draft_kind(args.draft), sampling, hf, args.max_k)
+    total = len(runners) * (args.warmup + len(prompts))
+    with tqdm(total=total, file=sys.stderr, unit="run", leave=False) as bar:
+
+        def step(name: str) -> None:
+            bar.set_postfix_str(name)
+            bar.update(1)
+
+        bar.set_description("warm-up")
+        bench.warm_up(runners, prompts[0], target.tokenizer, args.warmup, step)
+        bar.set_description("bench")
+        records = bench.run_benchmark(runners, prompts, target.tokenizer, step)
+
+    config = bench_config(args, prompts_path, prompts, methods, k_values, hf)
+    report = bench.build_report(config, records, methods, sampling.greedy, runner_extras(runners))
+    print(bench.format_table(report))
+    if args.json_path:
+        print(f"report: {bench.write_report(report, args.json_path)}", file=sys.stderr)
+    if args.plots:
+        from engine.bench_plots import write_plots
+
+        for path in write_plots(report, args.plots):
+            print(f"plot: {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,360 @@
+"""tandem-cli bench: prompt files, method expansion, aggregation, HF runners, table, JSON, plots."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from engine import bench
+from engine.errors import PromptFileError, SettingsError
+
+REQUIRED_FIELDS = (
+    "tokens_per_s",
+    "speedup_vs_baseline",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "greedy_identical",
+    "ttft_s",
+)
+CATEGORIES = {"chat", "coding", "math", "summarization", "qa", "translation", "extraction", "rag"}
+
+
+def write_lines(tmp_path, lines: list[str]):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def good_line(question_id=1, category="chat", turns=("Hello?",)) -> str:
+    return json.dumps({"question_id": question_id, "category": category, "turns": list(turns)})
+
+
+# ---- prompt files ------------------------------------------------------------------------------
+
+
+def test_loads_mt_bench_format_and_skips_blank_lines(tmp_path):
+    path = write_lines(tmp_path, [good_line(81, "writing", ["a", "b"]), "", good_line("q2", "math"), "   "])
+    prompts = bench.load_prompts(path)
+    assert prompts == [
+        bench.BenchPrompt(81, "writing", ("a", "b")),
+        bench.BenchPrompt("q2", "math", ("Hello?",)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ('{"question_id": 2, "category": "chat", "turns": ["x"]', "not valid JSON"),
+        ('["a list"]', "expected a JSON object"),
+        ('{"question_id": 2, "category": "chat"}', "missing turns"),
+        ('{"question_id": 2, "turns": ["x"]}', "missing category"),
+        ('{"question_id": 2, "category": "chat", "turns": []}', "non-empty list"),
+        ('{"question_id": 2, "category": "chat", "turns": "just a string"}', "non-empty list"),
+        ('{"question_id": 2, "category": "chat", "turns": ["ok", 3]}', "every turn"),
+        ('{"question_id": 2, "category": "", "turns": ["x"]}', "category must be"),
+        ('{"question_id": null, "category": "chat", "turns": ["x"]}', "question_id must be"),
+        ('{"question_id": 1, "category": "chat", "turns": ["x"]}', "already used on line 1"),
+    ],
+)
+def test_malformed_line_is_refused_with_its_number(tmp_path, bad, why):
+    path = write_lines(tmp_path, [good_line(1), "", bad, good_line(3)])
+    with pytest.raises(PromptFileError) as caught:
+        bench.load_prompts(path)
+    message = str(caught.value)
+    assert "line 3" in message
+    assert why in message
+    assert str(path) in message
+
+
+def test_missing_and_empty_files_are_refused(tmp_path):
+    with pytest.raises(PromptFileError, match="No prompt file"):
+        bench.load_prompts(tmp_path / "absent.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(PromptFileError, match="no prompts"):
+        bench.load_prompts(empty)
+
+
+def test_builtin_prompt_set_covers_the_categories():
+    prompts = bench.load_prompts(bench.default_prompts_path())
+    assert len(prompts) >= 40
+    counts = Counter(p.category for p in prompts)
+    assert set(counts) == CATEGORIES
+    assert min(counts.values()) >= 4
+    assert sum(len(p.turns) > 1 for p in prompts) >= 3
+    assert len({p.question_id for p in prompts}) == len(prompts)
+    for prompt in prompts:  # copy-heavy categories carry a real passage to copy from
+        if prompt.category in ("summarization", "extraction", "rag"):
+            assert len(prompt.turns[0]) > 300, prompt.question_id
+
+
+def test_limit_takes_categories_in_turn_and_categories_filter():
+    prompts = [bench.BenchPrompt(i, cat, ("x",)) for i, cat in enumerate("aaabbc")]
+    assert [p.category for p in bench.select_prompts(prompts, limit=3)] == ["a", "b", "c"]
+    assert [p.question_id for p in bench.select_prompts(prompts, limit=4)] == [0, 3, 5, 1]
+    assert [p.question_id for p in bench.select_prompts(prompts, ["b"])] == [3, 4]
+    assert len(bench.select_prompts(prompts, limit=100)) == 6
+    with pytest.raises(SettingsError, match="No prompts in category z"):
+        bench.select_prompts(prompts, ["z"])
+    with pytest.raises(SettingsError):
+        bench.select_prompts(prompts, limit=0)
+
+
+# ---- methods -----------------------------------------------------------------------------------
+
+
+def test_k_sweep_names_one_tandem_method_per_k():
+    ks = bench.parse_k_values(["2", "4", "adaptive", "4"])
+    assert ks == [2, 4, None]
+    names = [m.name for m in bench.expand_methods(["baseline", "tandem", "hf-plain"], ks)]
+    assert names == ["baseline", "tandem[k=2]", "tandem[k=4]", "tandem[k=adaptive]", "hf-plain"]
+    single = bench.expand_methods(["tandem", "tandem-ngram"], [4])
+    assert [(m.name, m.k) for m in single] == [("tandem", 4), ("tandem-ngram", 4)]
+    assert bench.parse_k_values(None) == [None]
+
+
+@pytest.mark.parametrize("bad", [["0"], ["17"], ["fast"]])
+def test_bad_k_is_refused(bad):
+    with pytest.raises(SettingsError, match="--k"):
+        bench.parse_k_values(bad)
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(SettingsError, match="Unknown method vllm"):
+        bench.expand_methods(["baseline", "vllm"], [None])
+
+
+# ---- aggregation on synthetic records ---------------------------------------------------------
+
+
+def make_record(question_id, category, method, tokens, time_s, ttft_s, rounds=(), token_ids=None):
+    tally = bench.Tally(calls=1, generated_tokens=tokens, time_s=time_s, ttft_sum_s=ttft_s, ttft_count=1)
+    for drafted, accepted in rounds:
+        tally.record_round(drafted, accepted)
+    ids = token_ids if token_ids is not None else [[question_id] * tokens]
+    return bench.PromptRecord(question_id, category, method, ids, tally)
+
+
+def synthetic_report():
+    methods = bench.expand_methods(["baseline", "tandem", "hf-plain"], [2, None])
+    records = [
+        make_record(1, "chat", "baseline", 10, 2.0, 0.2),
+        make_record(1, "chat", "tandem[k=2]", 10, 1.0, 0.3, [(2, 2), (2, 1), (2, 0)]),
+        make_record(1, "chat", "tandem[k=adaptive]", 10, 1.6, 0.3, [(4, 4), (0, 0)]),
+        make_record(1, "chat", "hf-plain", 10, 2.5, 0.25),
+        make_record(2, "rag", "baseline", 20, 2.0, 0.4),
+        make_record(2, "rag", "tandem[k=2]", 20, 1.0, 0.5, [(2, 2)] * 6, token_ids=[[9] * 20]),
+        make_record(2, "rag", "tandem[k=adaptive]", 20, 0.8, 0.5, [(4, 3)] * 5),
+        make_record(2, "rag", "hf-plain", 20, 4.0, 0.6),
+    ]
+    return bench.build_report({"max_new_tokens": 20}, records, methods, greedy=True)
+
+
+def test_report_schema_is_filled():
+    report = synthetic_report()
+    assert set(report) == {"config", "methods", "prompts"}
+    json.dumps(report)  # serializable as is
+    for name, method in report["methods"].items():
+        for key in REQUIRED_FIELDS:
+            assert key in method, (name, key)
+        assert set(method["by_category"]) == {"chat", "rag"}
+        for category in method["by_category"].values():
+            for key in REQUIRED_FIELDS:
+                assert key in category
+    assert len(report["prompts"]) == 2
+    assert set(report["prompts"][0]["methods"]) == set(report["methods"])
+
+
+def test_speedups_are_ratios_of_tokens_per_s():
+    report = synthetic_report()
+    methods = report["methods"]
+    base, plain = methods["baseline"]["tokens_per_s"], methods["hf-plain"]["tokens_per_s"]
+    assert base == pytest.approx(30 / 4.0)
+    for method in methods.values():
+        assert method["tokens_per_s"] == pytest.approx(method["generated_tokens"] / method["time_s"])
+        assert method["speedup_vs_baseline"] == pytest.approx(method["tokens_per_s"] / base, rel=1e-12)
+        assert method["speedup_vs_hf_plain"] == pytest.approx(method["tokens_per_s"] / plain, rel=1e-12)
+        for category, numbers in method["by_category"].items():
+            category_base = methods["baseline"]["by_category"][category]["tokens_per_s"]
+            assert numbers["speedup_vs_baseline"] == pytest.approx(numbers["tokens_per_s"] / category_base)
+    assert methods["tandem[k=2]"]["speedup_vs_baseline"] == pytest.approx(15 / 7.5)
+    for prompt in report["prompts"]:
+        prompt_base = prompt["methods"]["baseline"]["tokens_per_s"]
+        for numbers in prompt["methods"].values():
+            assert numbers["speedup_vs_baseline"] == pytest.approx(numbers["tokens_per_s"] / prompt_base)
+
+
+def test_acceptance_identity_and_ttft():
+    methods = synthetic_report()["methods"]
+    k2 = methods["tandem[k=2]"]
+    assert k2["acceptance_rate"] == pytest.approx((3 + 12) / (6 + 12))
+    assert k2["mean_accepted_length"] == pytest.approx((3 + 2 + 1 + 18) / 9)
+    assert k2["greedy_identical"] == 0.5  # the rag answer differs from baseline's
+    assert k2["by_category"]["chat"]["greedy_identical"] == 1.0
+    assert k2["by_category"]["rag"]["greedy_identical"] == 0.0
+    assert k2["k_distribution"] == {"2": 9}
+    assert k2["ttft_s"] == pytest.approx(0.4)
+    assert methods["tandem[k=adaptive]"]["greedy_identical"] == 1.0
+    assert methods["baseline"]["acceptance_rate"] is None
+    assert methods["baseline"]["mean_accepted_length"] is None
+    assert methods["hf-plain"]["greedy_identical"] == 1.0
+
+
+def test_no_identity_when_sampling():
+    methods = bench.expand_methods(["baseline", "tandem"], [None])
+    records = [make_record(1, "chat", "baseline", 5, 1.0, 0.1), make_record(1, "chat", "tandem", 5, 1.0, 0.1)]
+    report = bench.build_report({}, records, methods, greedy=False)
+    assert report["methods"]["tandem"]["greedy_identical"] is None
+
+
+def test_alpha_counts_positions_reached():
+    tally = bench.Tally()
+    tally.record_round(4, 2)  # positions 0,1 accepted, 2 rejected, 3 never decided
+    tally.record_round(4, 4)
+    tally.record_round(0, 0)  # a plain step
+    assert tally.position_reached == [2, 2, 2, 1]
+    assert tally.position_accepted == [2, 2, 1, 1]
+    assert tally.alpha == pytest.approx(6 / 7)
+    assert tally.acceptance_rate == pytest.approx(6 / 8)
+    assert tally.mean_accepted_length == pytest.approx((3 + 5 + 1) / 3)
+
+
+def test_tally_from_engine_stats():
+    from engine.stats import GenerationStats
+
+    stats = GenerationStats(
+        rounds=3,
+        drafted=8,
+        accepted=6,
+        per_position_drafted=[2, 2, 2, 2],
+        per_position_accepted=[2, 2, 1, 1],
+        accepted_lengths=[3, 5, 1],
+        k_history=[4, 4, 0],
+        draft_time_s=0.8,
+    )
+    tally = bench.tally_from_stats(stats)
+    assert tally.position_reached == [2, 2, 2, 1]
+    assert tally.alpha == pytest.approx(6 / 7)
+    assert tally.k_counts == Counter({4: 2, 0: 1})
+    assert tally.draft_step_s == pytest.approx(0.1)
+
+
+def test_table_prints_each_method_and_its_numbers():
+    report = synthetic_report()
+    table = bench.format_table(report)
+    for name, method in report["methods"].items():
+        line = next(line for line in table.splitlines() if line.startswith(name + " "))
+        assert f"{method['tokens_per_s']:.2f}" in line
+        assert f"{method['speedup_vs_baseline']:.2f}x" in line
+    assert "speed-up vs baseline" in table and "rag" in table
+
+
+def test_plots_are_written(tmp_path):
+    report = synthetic_report()
+    for name in ("tandem[k=2]", "tandem[k=adaptive]"):
+        report["methods"][name].update(target_step_s=0.1, verify_forward_s={"1": 0.1, "3": 0.16, "5": 0.24})
+    from engine.bench_plots import write_plots
+
+    paths = write_plots(report, tmp_path / "plots")
+    assert {p.name for p in paths} == {"speedup_vs_k.png", "acceptance_by_category.png", "speedup_theory.png"}
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert path.stat().st_size > 5000
+
+
+def test_theory_curve():
+    from engine.bench_plots import interpolate, theoretical_speedup
+
+    assert theoretical_speedup(0.0, 0.0, 3) == pytest.approx(1.0)
+    assert theoretical_speedup(1.0, 0.0, 3) == pytest.approx(4.0)
+    assert theoretical_speedup(0.5, 0.1, 2) == pytest.approx(1.75 / 1.2)
+    assert interpolate({1: 1.0, 3: 2.0}, 2) == pytest.approx(1.5)
+    assert interpolate({1: 1.0, 3: 2.0}, 4) is None
+
+
+# ---- runners on tiny random models -------------------------------------------------------------
+
+
+def test_hf_methods_match_tandem_baseline_on_a_tiny_model(make_tiny):
+    from engine.settings import SamplingSettings
+
+    target, draft = make_tiny(seed=0), make_tiny(seed=0)  # the draft is an exact copy: all drafts accepted
+    sampling = SamplingSettings(max_new_tokens=12)
+    methods = bench.expand_methods(["baseline", "tandem", "hf-assisted", "hf-lookup", "hf-plain"], [3])
+    runners = bench.build_runners(methods, target, draft, "model", sampling, bench.HFSettings())
+    prompts = [
+        bench.BenchPrompt(1, "chat", ("Hello there", "And again")),
+        bench.BenchPrompt(2, "qa", ("Why?",)),
+    ]
+    records = bench.run_benchmark(runners, prompts, target.tokenizer)
+    report = bench.build_report({}, records, methods, greedy=True)
+    methods_section = report["methods"]
+    for name in ("tandem", "hf-assisted", "hf-lookup", "hf-plain"):
+        assert methods_section[name]["greedy_identical"] == 1.0, name
+        assert methods_section[name]["generated_tokens"] == 3 * 12
+    assert methods_section["tandem"]["acceptance_rate"] == 1.0
+    assert methods_section["hf-assisted"]["acceptance_rate"] == 1.0
+    assert methods_section["hf-assisted"]["mean_accepted_length"] > 1.5
+    assert methods_section["hf-plain"]["acceptance_rate"] is None
+    for name in methods_section:
+        assert methods_section[name]["ttft_s"] > 0
+    assert report["prompts"][0]["turns"] == 2
+
+
+def test_hf_assisted_without_a_draft_model_is_refused(make_tiny):
+    from engine.settings import SamplingSettings
+
+    (method,) = bench.expand_methods(["hf-assisted"], [None])
+    with pytest.raises(SettingsError, match="hf-assisted needs a draft model"):
+        bench.HFRunner(method, make_tiny(), None, SamplingSettings(), bench.HFSettings())
+
+
+def test_round_recorder_restores_the_model(make_tiny):
+    model = make_tiny().model
+    with bench.RoundRecorder(model):
+        assert "_get_candidate_generator" in vars(model)
+    assert "_get_candidate_generator" not in vars(model)
+
+
+# ---- the command on the built-in pair ----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_command_on_builtin_pair(tmp_path, capsys):
+    from engine.cli import main
+
+    out = tmp_path / "report.json"
+    plots = tmp_path / "plots"
+    code = main(
+        [
+            "bench",
+            "--draft", "ngram",
+            "--methods", "baseline,tandem,hf-plain",
+            "--limit", "2",
+            "--max-new-tokens", "16",
+            "--warmup", "0",
+            "--json", str(out),
+            "--plots", str(plots),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["prompt_count"] == 2
+    assert len(report["config"]["categories"]) == 2
+    tandem, baseline = report["methods"]["tandem"], report["methods"]["baseline"]
+    for key in REQUIRED_FIELDS:
+        assert key in tandem
+    assert tandem["greedy_identical"] == 1.0
+    assert report["methods"]["hf-plain"]["greedy_identical"] == 1.0
+    assert tandem["speedup_vs_baseline"] == pytest.approx(tandem["tokens_per_s"] / baseline["tokens_per_s"])
+    assert tandem["generated_tokens"] > 0 and tandem["k_distribution"]
+    assert len(report["prompts"]) == 2
+    table = capsys.readouterr().out
+    assert "tandem" in table and f"{tandem['tokens_per_s']:.2f}" in table
+    assert sorted(p.name for p in plots.iterdir()) == [
+        "acceptance_by_category.png",
+        "speedup_theory.png",
+        "speedup_vs_k.png",
+    ]

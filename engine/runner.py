@@ -18,7 +18,7 @@ class ModelRunner:
     def __init__(self, model, device: torch.device | None = None):
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = output_vocab_size(model)
         self.context_length = int(getattr(model.config, "max_position_embeddings", None) or 2048)
         self.cache = None
         self.cache_length = 0
@@ -74,3 +74,10 @@ class ModelRunner:
         )
         self.cache_length += n
         return output.logits[0].float()  # [n or 1, V]
+
+
+def output_vocab_size(model) -> int:
+    """Rows of the LM head (the vocabulary plus any padding); works for dynamic-quantized heads too."""
+    head = model.get_output_embeddings()
+    size = getattr(head, "out_features", None)
+    return int(size if size is not None else model.config.vocab_size)

@@ -16,7 +16,7 @@ from engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter, comm
 from engine.errors import ContextOverflowError, IncompatibleDraftError
 from engine.events import Event, Failed, Finished
 from engine.loading import LoadedModel
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, output_vocab_size
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.speculative import generate
 from engine.stats import GenerationStats
@@ -173,8 +173,7 @@ class ChatEngine:
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     """The draft must share the target's vocabulary: the same token for every id, the same end tokens."""
-    target_size = target.model.get_output_embeddings().weight.shape[0]
-    draft_size = draft.model.get_output_embeddings().weight.shape[0]
+    target_size, draft_size = output_vocab_size(target.model), output_vocab_size(draft.model)
     if abs(target_size - draft_size) > VOCAB_PADDING_TOLERANCE:
         raise IncompatibleDraftError(
             f"{draft.name} has {draft_size} tokens and {target.name} has {target_size}: "

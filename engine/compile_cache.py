@@ -1,0 +1,59 @@
+"""Inductor settings for Tandem's compiled forwards, with its on-disk caches under Tandem's cache folder.
+
+Compiling a model's forward takes tens of seconds on a small CPU. Inductor can keep what it built
+(FX graphs, generated C++/Triton kernels, autotuning results) on disk and reuse it on the next
+start; pointing those caches at cache_dir()/"inductor" keeps them with Tandem's other files and
+lets the user clear them in one place. Call `configure_inductor` before the first compile.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from engine.paths import cache_dir
+
+
+def inductor_cache_dir() -> Path:
+    path = cache_dir() / "inductor"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def configure_inductor(device=None) -> Path:
+    """Points inductor's caches at Tandem's cache folder and sets the options the fast path uses."""
+    import torch
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    path = inductor_cache_dir()
+    # The environment variable is read when inductor first needs a cache folder; the config
+    # attributes cover a process that has compiled before.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))
+    inductor_config.fx_graph_cache = True
+    if hasattr(inductor_config, "autotune_local_cache"):
+        inductor_config.autotune_local_cache = True
+    if hasattr(inductor_config, "bundled_autotune_remote_cache"):
+        inductor_config.bundled_autotune_remote_cache = False
+
+    # Frozen weights let inductor prepack them and use its C++ micro-GEMMs on CPU. The KV buffers
+    # are mutated, so freezing leaves them alone.
+    inductor_config.freezing = True
+    if hasattr(inductor_config, "cpp") and hasattr(inductor_config.cpp, "weight_prepack"):
+        inductor_config.cpp.weight_prepack = True
+    if device is not None and torch.device(device).type == "cuda":
+        inductor_config.coordinate_descent_tuning = True
+
+    # One compiled graph per (tokens, attention window); allow enough of them before dynamo gives up.
+    limit_name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo_config, limit_name, max(getattr(dynamo_config, limit_name), 64))
+    return path
+
+
+def cache_hits() -> dict[str, int]:
+    """Inductor's FX-graph cache counters for this process: {"hit": n, "miss": n}."""
+    from torch._dynamo.utils import counters
+
+    inductor = counters["inductor"]
+    return {"hit": int(inductor["fxgraph_cache_hit"]), "miss": int(inductor["fxgraph_cache_miss"])}

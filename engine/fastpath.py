@@ -1,0 +1,323 @@
+"""A static-cache, position-indexed forward for Llama-family models, and a runner built on it.
+
+The model's own modules (embeddings, norms, projections, MLPs, head) are reused as they are, so no
+weight is copied; only attention is rewritten, around one preallocated KV buffer per layer:
+
+    k_cache, v_cache: [1, n_kv_heads, max_seq_length, head_dim]
+
+A forward over T new tokens writes their keys and values at `input_pos` and attends over the
+first `window` slots under a causal mask built from `input_pos`. Rolling back is free: the runner
+moves its length back; stale slots are masked out and overwritten by the next forward.
+
+`FastRunner` keeps `ModelRunner`'s interface. With compiled="auto" it compiles a bounded set of
+shapes (decode 1 token, verify K+1 for each K in use, prefill in fixed chunks) and runs anything
+else eagerly on the same buffers; if compiling is impossible or fails, it stays eager and says why
+in `notice`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.runner import ModelRunner
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+ProgressCallback = Callable[[str, int, int], None]
+
+
+def unsupported_reason(model) -> str | None:
+    """Why `model` cannot run on the fast path, or None when it can."""
+    config = model.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"the fast path supports {', '.join(SUPPORTED_MODEL_TYPES)} models, not {config.model_type}"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention is not supported on the fast path"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) in ("dynamic", "longrope"):
+        return "length-dependent RoPE scaling is not supported on the fast path"
+    return None
+
+
+class KVCache(nn.Module):
+    def __init__(self, n_kv_heads: int, max_seq_length: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (1, n_kv_heads, max_seq_length, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        # input_pos: [T], k, v: [1, KV, T, D]
+        self.k_cache.index_copy_(2, input_pos, k)
+        self.v_cache.index_copy_(2, input_pos, v)
+        return self.k_cache, self.v_cache
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class FastLlama(nn.Module):
+    """forward(ids [1, T], input_pos [T], mask [T, W]) -> logits [1, T, V], attending over slots [0, W)."""
+
+    def __init__(self, hf_model, max_seq_length: int):
+        super().__init__()
+        reason = unsupported_reason(hf_model)
+        if reason:
+            raise ValueError(reason)
+        config = hf_model.config
+        inner = hf_model.model
+        self.embed_tokens = inner.embed_tokens
+        self.layers = inner.layers
+        self.norm = inner.norm
+        self.lm_head = hf_model.lm_head
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        self.max_seq_length = max_seq_length
+
+        weight = self.embed_tokens.weight
+        dtype, device = weight.dtype, weight.device
+        self.kv_caches = nn.ModuleList(
+            KVCache(self.n_kv_heads, max_seq_length, self.head_dim, dtype, device) for _ in self.layers
+        )
+        # The model's own rotary module gives cos/sin with any static scaling (llama3, linear, yarn).
+        with torch.no_grad():
+            positions = torch.arange(max_seq_length, device=device).unsqueeze(0)  # [1, S]
+            cos, sin = inner.rotary_emb(weight[:1].unsqueeze(0), positions)  # [1, S, D] each
+        self.register_buffer("rope_cos", cos[0].to(dtype), persistent=False)  # [S, D]
+        self.register_buffer("rope_sin", sin[0].to(dtype), persistent=False)
+
+    def forward(self, ids: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
+        # ids: [1, T], input_pos: [T], mask: [T, W] bool (True = may attend)
+        cos = self.rope_cos[input_pos]  # [T, D]
+        sin = self.rope_sin[input_pos]
+        x = self.embed_tokens(ids)  # [1, T, C]
+        for layer, kv_cache in zip(self.layers, self.kv_caches, strict=True):
+            x = x + self.attention(
+                layer.self_attn, layer.input_layernorm(x), kv_cache, input_pos, cos, sin, mask
+            )
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.norm(x))  # [1, T, V]
+
+    def attention(self, attn, x, kv_cache, input_pos, cos, sin, mask) -> Tensor:
+        _, T, _ = x.shape
+        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        G, W = H // KV, mask.shape[-1]
+        q = attn.q_proj(x).view(1, T, H, D)
+        k = attn.k_proj(x).view(1, T, KV, D)
+        v = attn.v_proj(x).view(1, T, KV, D)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalizes each head before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, heads, T, D]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+
+        k_all, v_all = kv_cache.update(input_pos, k, v)  # [1, KV, S, D]
+        k_all, v_all = k_all[:, :, :W], v_all[:, :, :W]  # [1, KV, W, D]
+        # Grouped-query attention without repeating K/V: the G query heads that share a KV head
+        # (heads kv*G .. kv*G+G-1, as in transformers' repeat_kv) become G*T query rows.
+        q = q.reshape(1, KV, G * T, D)
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask.repeat(G, 1))  # [1, KV, G*T, D]
+        y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
+        return attn.o_proj(y)  # [1, T, C]
+
+
+def causal_mask(input_pos: Tensor, window: int) -> Tensor:
+    """[T, window] bool: row t may attend to slots 0..input_pos[t]."""
+    slots = torch.arange(window, device=input_pos.device)
+    return slots.unsqueeze(0) <= input_pos.unsqueeze(1)
+
+
+def compiler_missing() -> str | None:
+    """Why inductor cannot build CPU kernels here, or None when a C++ compiler is present."""
+    compiler = os.environ.get("CXX") or "g++"
+    for name in (compiler, "g++", "clang++", "c++"):
+        if shutil.which(name):
+            return None
+    return "no C++ compiler found (install g++ or clang++ to let Tandem optimize models for this CPU)"
+
+
+class FastRunner(ModelRunner):
+    """ModelRunner on FastLlama: static KV buffers, free rollback, compiled forwards for a few shapes.
+
+    compiled: "auto" compiles when it can (CPU: inductor with frozen weights and its C++ GEMMs;
+    CUDA: CUDA graphs), "off" stays eager. `notice` says why it is eager when "auto" could not compile.
+    """
+
+    def __init__(
+        self,
+        model,
+        device: torch.device | None = None,
+        max_seq_length: int | None = None,
+        compiled: str = "auto",
+        verify_sizes: Iterable[int] = (),
+        prefill_chunk: int = 32,
+        compile_mode: str | None = None,
+    ):
+        super().__init__(model, device)
+        limit = int(getattr(model.config, "max_position_embeddings", None) or 2048)
+        self.max_seq_length = min(max_seq_length or 2048, limit)
+        self.context_length = self.max_seq_length
+        self.fast = FastLlama(model, self.max_seq_length).eval()
+        self.prefill_chunk = prefill_chunk
+        self.compiled_sizes = sorted({1, prefill_chunk, *verify_sizes})
+        self.compile_mode = compile_mode
+        self.compile_seconds: dict[int, float] = {}  # tokens -> seconds of its first (compiling) call
+        self.notice = ""
+        self._compiled = None
+        if compiled not in ("auto", "off"):
+            raise ValueError(f"compiled must be 'auto' or 'off', not {compiled!r}")
+        if os.environ.get("TANDEM_COMPILE", "").lower() == "off":
+            compiled = "off"
+        if compiled == "auto":
+            self._compiled = self._make_compiled()
+        self.cache_length = 0
+
+    # ModelRunner interface
+
+    def reset(self) -> None:
+        self.cache_length = 0  # stale slots are masked until overwritten
+
+    @torch.inference_mode()
+    def prefill(self, ids) -> Tensor:
+        """Appends `ids` ([n], n >= 1) to the cache; returns the logits after the last one: [V] float32."""
+        ids = self._as_ids(ids)
+        last = None
+        for start in range(0, ids.numel(), self.prefill_chunk):
+            last = self._forward_ids(ids[start : start + self.prefill_chunk])[-1]
+        return last
+
+    @torch.inference_mode()
+    def forward(self, new_ids) -> Tensor:
+        """Appends `new_ids` ([n]) to the cache; returns the logits at every new position: [n, V] float32."""
+        ids = self._as_ids(new_ids)
+        rows = [
+            self._forward_ids(ids[s : s + self.prefill_chunk])
+            for s in range(0, ids.numel(), self.prefill_chunk)
+        ]
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    def rollback(self, to_length: int) -> None:
+        """Forget every cached position from `to_length` on: free, the slots are masked then overwritten."""
+        assert 0 <= to_length <= self.cache_length, (to_length, self.cache_length)
+        self.cache_length = to_length
+
+    # Compiling
+
+    @property
+    def is_compiled(self) -> bool:
+        return self._compiled is not None
+
+    def warm_up(self, sizes: Iterable[int] | None = None, progress: ProgressCallback | None = None) -> None:
+        """Compiles every shape in `sizes` (default: all of `compiled_sizes`).
+
+        Real work (tens of seconds per shape on a small CPU); `progress(stage, done, total)` reports it.
+        The cache contents are kept: warm-up writes only slots beyond `cache_length`.
+        """
+        if self._compiled is None:
+            return
+        sizes = sorted(set(sizes or self.compiled_sizes))
+        total = len(sizes)
+        length = self.cache_length
+        for done, n in enumerate(sizes):
+            if progress:
+                progress("optimizing for this machine", done, total)
+            if length + n > self.max_seq_length:
+                continue
+            with torch.inference_mode():
+                self._forward_ids(torch.zeros(n, dtype=torch.long, device=self.device))
+            self.cache_length = length
+            if self._compiled is None:  # compiling failed and the runner fell back to eager
+                break
+        if progress:
+            progress("optimizing for this machine", total, total)
+
+    def _make_compiled(self):
+        if self.model.dtype not in (torch.float32, torch.float16, torch.bfloat16) or not all(
+            isinstance(p, nn.Parameter) for p in self.fast.parameters()
+        ):
+            self.notice = "Running without compilation: quantized weights are not compiled."
+            return None
+        if self.device.type == "cpu":
+            missing = compiler_missing()
+            if missing:
+                self.notice = f"Running without compilation: {missing}."
+                return None
+        from engine.compile_cache import configure_inductor
+
+        configure_inductor(self.device)
+        mode = self.compile_mode or (
+            "reduce-overhead" if self.device.type == "cuda" else "max-autotune-no-cudagraphs"
+        )
+        mode = None if mode == "default" else mode
+        try:
+            return torch.compile(self.fast, mode=mode, dynamic=False, fullgraph=True)
+        except Exception as error:  # noqa: BLE001 - any failure means: run eagerly, and say so
+            self.notice = f"Running without compilation: {type(error).__name__}: {error}"
+            return None
+
+    # Forwards
+
+    def _forward_ids(self, ids: Tensor) -> Tensor:
+        """ids: [n] with n <= prefill_chunk -> logits [n, V] float32; advances cache_length by n."""
+        n = ids.numel()
+        start = self.cache_length
+        assert n >= 1 and start + n <= self.max_seq_length, (start, n, self.max_seq_length)
+        size = self._compiled_size(n, start)
+        if size is None:
+            logits = self._run(self.fast, ids, start, window=start + n)
+        else:
+            # One graph per size: it attends over every slot (the mask hides the unwritten ones), and
+            # padding writes slots past the end, which are masked until overwritten.
+            padded = F.pad(ids, (0, size - n))
+            logits = self._run_compiled(padded, start, window=self.max_seq_length)
+            if logits is None:
+                logits = self._run(self.fast, ids, start, window=start + n)
+            logits = logits[:n]
+        self.cache_length = start + n
+        return logits
+
+    def _run(self, module, ids: Tensor, start: int, window: int) -> Tensor:
+        input_pos = torch.arange(start, start + ids.numel(), device=self.device)  # [T]
+        mask = causal_mask(input_pos, window)  # [T, W]
+        return module(ids.view(1, -1), input_pos, mask)[0].float()  # [T, V]
+
+    def _run_compiled(self, ids: Tensor, start: int, window: int) -> Tensor | None:
+        key = ids.numel()
+        begun = time.perf_counter()
+        try:
+            logits = self._run(self._compiled, ids, start, window)
+        except Exception as error:  # noqa: BLE001 - fall back to eager with a visible notice
+            self._compiled = None
+            self.notice = f"Running without compilation: compiling failed ({type(error).__name__}: {error})"
+            return None
+        if key not in self.compile_seconds:
+            self.compile_seconds[key] = time.perf_counter() - begun
+        return logits
+
+    def _compiled_size(self, n: int, start: int) -> int | None:
+        """The compiled shape a forward of n tokens runs in, or None to run it eagerly.
+
+        Sizes in `compiled_sizes` run as they are; longer runs than any verify size are padded to
+        one prefill chunk; anything else (a K nobody warmed up) runs eagerly.
+        """
+        if self._compiled is None:
+            return None
+        if n in self.compiled_sizes:
+            size = n
+        elif n > max(s for s in self.compiled_sizes if s != self.prefill_chunk):
+            size = self.prefill_chunk
+        else:
+            return None
+        return size if start + size <= self.max_seq_length else None
+
+    def _as_ids(self, ids) -> Tensor:
+        return torch.as_tensor(ids, dtype=torch.long, device=self.device).view(-1)

@@ -1,0 +1,262 @@
+"""The engine on one worker thread, talking to the GUI through signals.
+
+The GUI never touches a model. It asks the worker through queued signals and hears back through the
+worker's signals, which Qt delivers on the GUI thread because their receivers live there. Stopping is a
+threading.Event the GUI sets directly, so it takes effect while the worker is busy.
+
+torch and transformers are imported by the engine factory, which runs on the worker only.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.qt import QObject, QThread, Signal, Slot
+from engine.errors import TandemError
+from engine.events import Failed, Finished, Progress, RoundStats, TextPiece
+from engine.settings import SamplingSettings, SpeculationSettings
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """Which models to load and how: the subset of the app's config that needs a reload to change."""
+
+    target: str
+    drafter: str = "model"  # "model", "ngram" or "none"
+    draft: str | None = None  # None: a quantized copy of the target
+    quantization: str = "int8"
+    device: str = "auto"
+    draft_on_cpu: bool = False
+    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+
+    @classmethod
+    def from_config(cls, config) -> LoadRequest:
+        return cls(
+            target=config.target,
+            drafter=config.drafter,
+            draft=config.draft or None,
+            quantization=config.draft_quantization,
+            device=config.device,
+            draft_on_cpu=config.draft_on_cpu,
+            speculation=config.speculation(),
+            sampling=config.sampling(),
+        )
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the status bar shows about the loaded engine."""
+
+    target: str
+    draft: str | None
+    device: str
+    quantization: str
+
+
+ProgressCallback = Callable[[str, int, int], None]
+# factory(request, progress) -> (engine, info). Runs on the worker thread.
+EngineFactory = Callable[[LoadRequest, ProgressCallback], tuple[Any, EngineInfo]]
+
+
+def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> tuple[Any, EngineInfo]:
+    from engine.pair import load_pair
+    from engine.session import ChatEngine
+
+    draft_spec = request.draft if request.drafter == "model" else request.drafter
+    target, draft = load_pair(
+        request.target,
+        draft_spec,
+        quantization=request.quantization,
+        device=request.device,
+        progress=progress,
+        draft_device="cpu" if request.draft_on_cpu else None,
+    )
+    progress("Preparing the engine", 0, 1)
+    engine = ChatEngine(target, draft, speculation=request.speculation, sampling=request.sampling)
+    info = EngineInfo(
+        target=target.name,
+        draft=draft.name if draft is not None else (None if request.drafter == "none" else request.drafter),
+        device=str(target.device),
+        quantization=draft.quantization if draft is not None else "none",
+    )
+    return engine, info
+
+
+class LoadCancelled(Exception):
+    pass
+
+
+class EngineWorker(QObject):
+    """Lives on the worker thread. Every slot runs there; every signal is received on the GUI thread."""
+
+    progress = Signal(str, int, int)
+    loaded = Signal(object)  # EngineInfo
+    load_failed = Signal(str, str)  # message for the user, details
+    load_cancelled = Signal()
+    piece = Signal(object)  # TextPiece
+    round_stats = Signal(object)  # GenerationStats, a copy the GUI may keep
+    finished = Signal(object)  # Finished
+    failed = Signal(str, str)  # message for the user, details
+
+    def __init__(self, factory: EngineFactory):
+        super().__init__()
+        self._factory = factory
+        self._engine = None
+
+    @Slot(object, object)
+    def load(self, request: LoadRequest, cancel: threading.Event) -> None:
+        def progress(stage: str, done: int, total: int) -> None:
+            if cancel.is_set():
+                raise LoadCancelled
+            self.progress.emit(stage, done, total)
+
+        try:
+            progress("Loading models", 0, 0)
+            engine, info = self._factory(request, progress)
+            if cancel.is_set():
+                raise LoadCancelled
+        except LoadCancelled:
+            self.load_cancelled.emit()
+            return
+        except TandemError as exc:
+            self.load_failed.emit(str(exc), traceback.format_exc())
+            return
+        except Exception as exc:  # a bug or an unexpected library failure: shown, never a crash
+            self.load_failed.emit(f"Could not load the models: {exc}", traceback.format_exc())
+            return
+        self._engine = engine
+        self.loaded.emit(info)
+
+    @Slot(object, object)
+    def apply_settings(self, speculation: SpeculationSettings, sampling: SamplingSettings) -> None:
+        # Queued behind any running reply, so the engine never sees settings change mid-generation.
+        if self._engine is not None:
+            self._engine.speculation = speculation
+            self._engine.sampling = sampling
+
+    @Slot(object, object)
+    def respond(self, messages: list[dict], cancel: threading.Event) -> None:
+        if self._engine is None:
+            self.failed.emit("No model is loaded. Open Settings (Ctrl+,) to choose one.", "")
+            return
+        failure: list[Failed] = []
+
+        def on_event(event) -> None:
+            if isinstance(event, TextPiece):
+                self.piece.emit(event)
+            elif isinstance(event, RoundStats):
+                self.round_stats.emit(event.stats.copy())
+            elif isinstance(event, Failed):
+                failure.append(event)
+            elif isinstance(event, Progress):
+                self.progress.emit(event.stage, event.done, event.total)
+
+        try:
+            result = self._engine.respond(messages, on_event=on_event, cancel=cancel)
+        except TandemError as exc:
+            self.failed.emit(str(exc), traceback.format_exc())
+            return
+        except Exception as exc:
+            self.failed.emit(f"Generation failed: {exc}", traceback.format_exc())
+            return
+        if failure:
+            self.failed.emit(failure[0].message, failure[0].details)
+        elif isinstance(result, Finished):
+            self.finished.emit(result)
+        else:
+            self.failed.emit("The engine returned no result.", repr(result))
+
+
+@dataclass
+class _StopFlags:
+    generation: threading.Event = field(default_factory=threading.Event)
+    load: threading.Event = field(default_factory=threading.Event)
+
+
+def _stop_thread(thread: QThread, stops: _StopFlags, *_args, timeout_ms: int = 15000) -> bool:
+    stops.generation.set()
+    stops.load.set()
+    thread.quit()
+    return thread.wait(timeout_ms)
+
+
+class EngineBridge(QObject):
+    """The GUI side: owns the worker thread, starts work on it, and stops it."""
+
+    _load_requested = Signal(object, object)
+    _respond_requested = Signal(object, object)
+    _settings_requested = Signal(object, object)
+
+    def __init__(self, factory: EngineFactory = default_engine_factory, parent: QObject | None = None):
+        super().__init__(parent)
+        # A child of the bridge, and stopped when the bridge is destroyed (destroyed is emitted before
+        # children are deleted): a window dropped without closing must not destroy a running QThread.
+        self._thread = QThread(self)
+        self._thread.setObjectName("tandem-engine")
+        self._stops = _StopFlags()
+        self.destroyed.connect(functools.partial(_stop_thread, self._thread, self._stops))
+        self.worker = EngineWorker(factory)
+        self.worker.moveToThread(self._thread)
+        self._thread.finished.connect(self.worker.deleteLater)
+        self._load_requested.connect(self.worker.load)
+        self._respond_requested.connect(self.worker.respond)
+        self._settings_requested.connect(self.worker.apply_settings)
+        self.worker.finished.connect(self._on_finished)
+        self.worker.failed.connect(self._on_failed)
+        self.worker.loaded.connect(self._on_loaded)
+        self.worker.load_failed.connect(self._on_load_failed)
+        self.worker.load_cancelled.connect(self._on_load_cancelled)
+        self.generating = False
+        self.loading = False
+        self.info: EngineInfo | None = None
+        self._thread.start()
+
+    def load(self, request: LoadRequest) -> None:
+        self._stops.load = threading.Event()
+        self.loading = True
+        self._load_requested.emit(request, self._stops.load)
+
+    def cancel_load(self) -> None:
+        self._stops.load.set()
+
+    def respond(self, messages: list[dict]) -> None:
+        self._stops.generation = threading.Event()
+        self.generating = True
+        self._respond_requested.emit(messages, self._stops.generation)
+
+    def stop(self) -> None:
+        self._stops.generation.set()
+
+    def apply_settings(self, speculation: SpeculationSettings, sampling: SamplingSettings) -> None:
+        self._settings_requested.emit(speculation, sampling)
+
+    def shutdown(self, timeout_ms: int = 15000) -> bool:
+        """Stop any work, end the thread; True when it ended in time."""
+        return _stop_thread(self._thread, self._stops, timeout_ms=timeout_ms)
+
+    @Slot(object)
+    def _on_finished(self, _result) -> None:
+        self.generating = False
+
+    @Slot(str, str)
+    def _on_failed(self, _message: str, _details: str) -> None:
+        self.generating = False
+
+    @Slot(object)
+    def _on_loaded(self, info: EngineInfo) -> None:
+        self.loading = False
+        self.info = info
+
+    @Slot(str, str)
+    def _on_load_failed(self, _message: str, _details: str) -> None:
+        self.loading = False
+
+    @Slot()
+    def _on_load_cancelled(self) -> None:
+        self.loading = False

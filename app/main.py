@@ -1,0 +1,115 @@
+"""`tandem`: the desktop app's entry point."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+NO_DISPLAY_MESSAGE = (
+    "tandem: no display found (DISPLAY and WAYLAND_DISPLAY are unset).\n"
+    "Chat in the terminal instead with:  tandem-cli chat\n"
+    "or run the window without a screen with QT_QPA_PLATFORM=offscreen."
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tandem", description="Chat with local language models, faster.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--db", type=Path, help="conversation database (default: in the data folder)")
+    parser.add_argument("--reset-settings", action="store_true", help="forget settings and window layout")
+    parser.add_argument("--self-test", action="store_true", help="send one prompt to the built-in models and check the reply")
+    parser.add_argument("--screenshot", type=Path, metavar="PATH", help="save a PNG of the window (with --self-test: after the reply)")
+    return parser.parse_args(argv)
+
+
+def display_missing() -> bool:
+    if os.environ.get("QT_QPA_PLATFORM") or not sys.platform.startswith("linux"):
+        return False
+    return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.version:
+        from engine import __version__
+
+        print(__version__)
+        return 0
+    if display_missing():
+        print(NO_DISPLAY_MESSAGE, file=sys.stderr)
+        return 2
+    if args.self_test:
+        from app.self_test import run_self_test
+
+        return run_self_test(args.screenshot)
+    return run_app(args)
+
+
+def run_app(args: argparse.Namespace) -> int:
+    from app import crash
+    from app.qt import QtWidgets
+    from engine.paths import data_dir
+
+    log_dir = data_dir()
+    report = crash.take_report(log_dir)
+    crash.install(log_dir)
+    app = QtWidgets.QApplication(sys.argv[:1])
+    app.setApplicationName("Tandem")
+    store = open_store(args.db)
+    if store is None:
+        return 1
+    if args.reset_settings:
+        from app.config import STORE_KEY
+        from app.main_window import WINDOW_KEY
+
+        store.set_setting(STORE_KEY, None)
+        store.set_setting(WINDOW_KEY, None)
+
+    from app.main_window import MainWindow
+
+    window = MainWindow(store)
+    window.show()
+    window.load_models()
+    if args.screenshot:
+        window.models_loaded.connect(lambda _info: (window.grab().save(str(args.screenshot)), window.close()))
+    if report:
+        box = QtWidgets.QMessageBox(
+            QtWidgets.QMessageBox.Icon.Warning,
+            "Tandem closed unexpectedly",
+            f"Tandem closed unexpectedly last time. The report is kept in {log_dir}.",
+            parent=window,
+        )
+        box.setDetailedText(report)
+        box.open()
+    code = app.exec()
+    store.close()
+    return code
+
+
+def open_store(path: Path | None):
+    """The store, or None after telling the user why it cannot be opened."""
+    from app.qt import QtWidgets
+    from engine.errors import CorruptDatabaseError, StorageError
+    from engine.store import Store
+
+    try:
+        return Store(path)
+    except CorruptDatabaseError as exc:
+        answer = QtWidgets.QMessageBox.question(
+            None,
+            "Tandem",
+            f"{exc}\n\nMove it aside and start a fresh database?",
+        )
+        if answer == QtWidgets.QMessageBox.StandardButton.Yes:
+            Store.move_aside(exc.path)
+            return Store(path)
+        return None
+    except StorageError as exc:
+        QtWidgets.QMessageBox.critical(None, "Tandem", str(exc))
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

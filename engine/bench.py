@@ -320,17 +320,15 @@ class PromptRecord:
 
 
 class TandemRunner:
-    """A method that goes through Tandem's own loop (ChatEngine), with its own KV caches."""
+    """A method that goes through Tandem's own loop. Tandem methods share one ChatEngine (one calibration,
+    one set of caches); each sets its own speculation settings and starts every question from empty caches."""
 
-    def __init__(self, method: Method, target, draft, drafter: str, sampling, max_k: int = 8):
-        from engine.session import ChatEngine
-        from engine.settings import SpeculationSettings
-
-        self.method = method
-        speculation = SpeculationSettings(drafter=drafter, k=method.k, max_k=max_k)
+    def __init__(self, method: Method, engine, speculation):
         speculation.validate()
-        self.engine = ChatEngine(target, draft if drafter == "model" else None, speculation, sampling)
-        self.target_step_s = self.engine.calibrate()
+        self.method = method
+        self.engine = engine
+        self.speculation = speculation
+        self.target_step_s = engine.calibrate()
         self.verify_forward_s: dict[int, float] = {}
 
     def start_prompt(self) -> None:
@@ -344,6 +342,7 @@ class TandemRunner:
             if not first_token_at and getattr(event, "spans", None):
                 first_token_at.append(time.perf_counter())
 
+        self.engine.speculation = self.speculation
         start = time.perf_counter()
         finished = self.engine.generate_ids(prompt_ids, on_event=on_event)
         elapsed = time.perf_counter() - start
@@ -536,14 +535,19 @@ def build_runners(
     methods: list[Method], target, draft, draft_kind: str, sampling, hf: HFSettings, max_k: int = 8
 ):
     """draft_kind: 'model', 'ngram' or 'none', what --draft asked for."""
+    from engine.settings import SpeculationSettings
+
+    drafters = {"baseline": "none", "tandem": draft_kind, "tandem-ngram": "ngram"}
+    engine = None
     runners = []
     for method in methods:
-        if method.kind == "baseline":
-            runners.append(TandemRunner(method, target, None, "none", sampling, max_k))
-        elif method.kind == "tandem":
-            runners.append(TandemRunner(method, target, draft, draft_kind, sampling, max_k))
-        elif method.kind == "tandem-ngram":
-            runners.append(TandemRunner(method, target, None, "ngram", sampling, max_k))
+        if method.kind in drafters:
+            if engine is None:
+                from engine.session import ChatEngine
+
+                engine = ChatEngine(target, draft if draft_kind == "model" else None, sampling=sampling)
+            speculation = SpeculationSettings(drafter=drafters[method.kind], k=method.k, max_k=max_k)
+            runners.append(TandemRunner(method, engine, speculation))
         else:
             runners.append(HFRunner(method, target, draft, sampling, hf))
     return runners

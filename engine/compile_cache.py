@@ -52,8 +52,18 @@ def configure_inductor(device=None) -> Path:
 
 
 def cache_hits() -> dict[str, int]:
-    """Inductor's FX-graph cache counters for this process: {"hit": n, "miss": n}."""
+    """Inductor's cache counters for this process.
+
+    hit/miss/bypass: FX graphs. On CPU with frozen weights every graph is a bypass, because the
+    prepacked (mkldnn) weights cannot be pickled; the second start then still skips autotuning
+    ("autotuned" counts benchmarked GEMMs) and the C++ builds (kernels are found by source hash).
+    """
     from torch._dynamo.utils import counters
 
     inductor = counters["inductor"]
-    return {"hit": int(inductor["fxgraph_cache_hit"]), "miss": int(inductor["fxgraph_cache_miss"])}
+    return {
+        "hit": int(inductor["fxgraph_cache_hit"]),
+        "miss": int(inductor["fxgraph_cache_miss"]),
+        "bypass": int(inductor["fxgraph_cache_bypass"]),
+        "autotuned": int(inductor["select_algorithm_autotune"]),
+    }

@@ -1,0 +1,244 @@
+"""FastRunner: the static-cache forward against transformers, compiled against eager, and fallbacks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.fastpath import FastRunner, causal_mask
+from engine.runner import ModelRunner
+
+REPO = Path(__file__).resolve().parents[1]
+
+# prefill, then verify/decode/rollback steps as ("forward", n) or ("rollback", length)
+SCRIPT = [("forward", 5), ("forward", 1), ("rollback", 14), ("forward", 3), ("forward", 1), ("rollback", 10)]
+SCRIPT += [("forward", 4), ("forward", 1), ("forward", 3), ("rollback", 16), ("forward", 3)]
+
+
+def replay(runner, prompt: list[int], seed: int = 0) -> list[torch.Tensor]:
+    """Runs SCRIPT with random new tokens; returns every logits tensor in order."""
+    generator = torch.Generator().manual_seed(seed)
+    runner.reset()
+    outputs = [runner.prefill(prompt)]
+    for op, value in SCRIPT:
+        if op == "rollback":
+            runner.rollback(value)
+        else:
+            ids = torch.randint(0, runner.vocab_size, (value,), generator=generator)
+            outputs.append(runner.forward(ids))
+    assert runner.cache_length == 16 + 3
+    return outputs
+
+
+def greedy(runner, prompt: list[int], steps: int = 12) -> list[int]:
+    runner.reset()
+    token = int(runner.prefill(prompt).argmax())
+    tokens = [token]
+    for _ in range(steps - 1):
+        token = int(runner.forward([token])[-1].argmax())
+        tokens.append(token)
+    return tokens
+
+
+def greedy_verify(runner, prompt: list[int], steps: int = 12, k: int = 3) -> list[int]:
+    """Greedy decoding through K+1-token verify forwards with a wrong guess, then rollback."""
+    runner.reset()
+    tokens = [int(runner.prefill(prompt).argmax())]
+    while len(tokens) < steps:
+        length = runner.cache_length
+        logits = runner.forward([tokens[-1]] + [7] * k)  # [k+1, V]: only row 0 is on the greedy path
+        runner.rollback(length + 1)
+        tokens.append(int(logits[0].argmax()))
+    return tokens
+
+
+PROMPT = [1, 502, 33, 9001, 77, 4, 1200, 18, 65, 3000]
+
+
+def test_causal_mask_rows():
+    mask = causal_mask(torch.tensor([2, 3]), 5)
+    assert mask.tolist() == [[True, True, True, False, False], [True, True, True, True, False]]
+
+
+@pytest.mark.parametrize("chunk", [4, 32])
+def test_eager_fast_path_matches_transformers(make_tiny, chunk):
+    loaded = make_tiny(seed=3)
+    reference = replay(ModelRunner(loaded.model), PROMPT)
+    fast = FastRunner(loaded.model, compiled="off", prefill_chunk=chunk)
+    assert fast.notice == "" and not fast.is_compiled
+    for expected, actual in zip(reference, replay(fast, PROMPT), strict=True):
+        assert actual.shape == expected.shape
+        torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+    assert greedy(fast, PROMPT) == greedy(ModelRunner(loaded.model), PROMPT)
+
+
+def test_rollback_is_free_and_stale_slots_are_masked(make_tiny):
+    loaded = make_tiny(seed=4)
+    fast = FastRunner(loaded.model, compiled="off")
+    fast.prefill(PROMPT)
+    after_prompt = fast.forward([42])
+    fast.rollback(len(PROMPT))
+    fast.forward([999, 998, 997, 996])  # fills slots that the next forward must not see
+    fast.rollback(len(PROMPT))
+    torch.testing.assert_close(fast.forward([42]), after_prompt, atol=0, rtol=0)
+
+
+def test_qwen2_biases(builtin_tokenizer):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(builtin_tokenizer),
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.bias.normal_()
+    reference = replay(ModelRunner(model), PROMPT)
+    for expected, actual in zip(reference, replay(FastRunner(model, compiled="off"), PROMPT), strict=True):
+        torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_unsupported_model_type_is_refused(make_tiny):
+    loaded = make_tiny()
+    loaded.model.config.model_type = "gemma3_text"
+    try:
+        with pytest.raises(ValueError, match="gemma3_text"):
+            FastRunner(loaded.model)
+    finally:
+        loaded.model.config.model_type = "llama"
+
+
+def test_compiled_shapes_match_eager(make_tiny, monkeypatch):
+    """Traced and functionalized as inductor sees it (aot_eager keeps the test fast): sizes, padding, mutation."""
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch,
+        "compile",
+        lambda module, **kwargs: real_compile(module, backend="aot_eager", dynamic=False, fullgraph=True),
+    )
+    loaded = make_tiny(seed=5)
+    eager = FastRunner(loaded.model, compiled="off", prefill_chunk=8)
+    compiled = FastRunner(loaded.model, compiled="auto", prefill_chunk=8, verify_sizes=(4,))
+    stages = []
+    compiled.warm_up(progress=lambda stage, done, total: stages.append((done, total)))
+    assert compiled.is_compiled, compiled.notice
+    assert stages[0] == (0, 3) and stages[-1] == (3, 3)
+    assert set(compiled.compile_seconds) == {1, 4, 8}
+
+    for expected, actual in zip(replay(eager, PROMPT), replay(compiled, PROMPT), strict=True):
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-4)
+    assert compiled.is_compiled, compiled.notice
+    assert greedy(compiled, PROMPT) == greedy(eager, PROMPT) == greedy(ModelRunner(loaded.model), PROMPT)
+    assert greedy_verify(compiled, PROMPT, k=3) == greedy(eager, PROMPT)
+
+
+def test_compile_unavailable_falls_back_with_notice(make_tiny, monkeypatch):
+    loaded = make_tiny(seed=6)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("compiler exploded")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    fast = FastRunner(loaded.model, compiled="auto")
+    assert not fast.is_compiled and "compiler exploded" in fast.notice
+    assert greedy(fast, PROMPT) == greedy(ModelRunner(loaded.model), PROMPT)
+
+
+def test_compile_failing_at_first_call_falls_back_with_notice(make_tiny, monkeypatch):
+    loaded = make_tiny(seed=6)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("C++ compile failed")
+
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: broken)
+    fast = FastRunner(loaded.model, compiled="auto")
+    assert fast.is_compiled
+    expected = greedy(ModelRunner(loaded.model), PROMPT)
+    assert greedy(fast, PROMPT) == expected
+    assert not fast.is_compiled and "C++ compile failed" in fast.notice
+
+
+def test_no_compiler_or_env_off(make_tiny, monkeypatch):
+    loaded = make_tiny(seed=6)
+    monkeypatch.setattr("engine.fastpath.shutil.which", lambda name: None)
+    fast = FastRunner(loaded.model, compiled="auto")
+    assert not fast.is_compiled and "C++ compiler" in fast.notice
+
+    monkeypatch.setenv("TANDEM_COMPILE", "off")
+    fast = FastRunner(loaded.model, compiled="auto")
+    assert not fast.is_compiled
+
+
+# Compiles a tiny model with inductor, checks it against eager, and reports how long compiling took.
+CACHE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time, torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    from engine.compile_cache import cache_hits
+    from engine.fastpath import FastRunner
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    runner = FastRunner(model, prefill_chunk=8, compile_mode=sys.argv[1])
+    begun = time.perf_counter()
+    runner.warm_up([1])
+    seconds = time.perf_counter() - begun
+    eager = FastRunner(model, compiled="off")
+    prompt = [1, 5, 9, 200, 31, 7]
+    same, worst = [], 0.0
+    for r in (runner, eager):
+        r.prefill(prompt)
+    token = 3
+    for _ in range(12):
+        a, b = runner.forward([token])[-1], eager.forward([token])[-1]
+        worst = max(worst, (a - b).abs().max().item())
+        same.append(int(a.argmax()) == int(b.argmax()))
+        token = int(b.argmax())
+    print(json.dumps({"seconds": seconds, "compiled": runner.is_compiled, "notice": runner.notice,
+                      "same_greedy": all(same), "max_diff": worst, **cache_hits()}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_inductor_matches_eager_and_its_cache_is_reused(tmp_path):
+    """Real inductor kernels: decode equals eager; a second process with the same cache compiles faster."""
+    import json
+
+    env = {**os.environ, "TANDEM_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    runs = []
+    for _ in range(2):
+        # "default" mode keeps CI time down; the app uses max-autotune, which adds autotuning on top.
+        done = subprocess.run(
+            [sys.executable, "-c", CACHE_SCRIPT, "default"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=REPO,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    for run in runs:
+        assert run["compiled"] and run["notice"] == "", run
+        assert run["same_greedy"] and run["max_diff"] < 1e-4, run
+    assert second["seconds"] < first["seconds"], runs
+    assert any((tmp_path / "inductor").iterdir())

@@ -28,8 +28,8 @@ PROVENANCE_LETTERS = {"draft": "d", "target": "t", "bonus": "b"}
 LETTER_PROVENANCE = {v: k for k, v in PROVENANCE_LETTERS.items()}
 # (background, text) per provenance; picked so black text stays readable on light and white on dark.
 PROVENANCE_COLOURS = {
-    False: {"draft": ("#c6efce", "#0b3d17"), "target": ("#ffd6d6", "#5c0a0a"), "bonus": ("#cfe2ff", "#0a2a5c")},
-    True: {"draft": ("#1f5130", "#e6ffe9"), "target": ("#6b2222", "#ffe6e6"), "bonus": ("#1f3f73", "#e6eeff")},
+    False: {"draft": ("#c6efce", "#0b3d17"), "target": ("#ffe6b0", "#4a3300"), "bonus": ("#cfe2ff", "#0a2a5c")},
+    True: {"draft": ("#1f5130", "#e6ffe9"), "target": ("#5c4716", "#fff1d6"), "bonus": ("#1f3f73", "#e6eeff")},
 }
 
 
@@ -272,6 +272,9 @@ class MessageWidget(QtWidgets.QFrame):
         self.dirty = False
         self.setObjectName("message-" + message.role)
         self.setFrameShape(QtWidgets.QFrame.Shape.StyledPanel)
+        self.setAutoFillBackground(True)
+        role = QtGui.QPalette.ColorRole
+        self.setBackgroundRole(role.AlternateBase if message.role == "user" else role.Base)
         layout = QtWidgets.QVBoxLayout(self)
         layout.setContentsMargins(10, 6, 10, 6)
         layout.setSpacing(2)

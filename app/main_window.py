@@ -100,7 +100,7 @@ class MainWindow(QtWidgets.QMainWindow):
         box.setContentsMargins(8, 4, 8, 8)
         self.message_edit = MessageEdit(center)
         self.message_edit.setPlaceholderText("Message (Enter sends, Shift+Enter for a new line)")
-        self.message_edit.setMaximumHeight(120)
+        self.message_edit.setMaximumHeight(84)
         self.message_edit.submitted.connect(self.send)
         box.addWidget(self.message_edit, 1)
         self.send_button = QtWidgets.QPushButton("Send", center)

@@ -454,7 +454,10 @@ class ChatView(QtWidgets.QWidget):
         bar = QtWidgets.QHBoxLayout()
         bar.setContentsMargins(6, 2, 6, 2)
         self.colour_toggle = QtWidgets.QCheckBox("Colour tokens by origin", self)
-        self.colour_toggle.setToolTip("Show which tokens the drafter proposed and the target accepted")
+        self.colour_toggle.setToolTip(
+            "Show where each token came from: proposed by the drafter and accepted, chosen by the target, "
+            "or the target's bonus token. Text shows unformatted while colours are on."
+        )
         self.colour_toggle.toggled.connect(self.set_coloured)
         bar.addWidget(self.colour_toggle)
         self.legend = ProvenanceLegend(self)

@@ -414,13 +414,21 @@ def test_many_signals_across_threads_exit_cleanly(tmp_path):
     assert "signals ok 20000" in done.stdout
 
 
+def tandem_command() -> list[str]:
+    """The installed `tandem` console script, or its equivalent from the source tree."""
+    script = Path(sys.executable).with_name("tandem")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from app.main import main; sys.exit(main())"]
+
+
+@pytest.mark.slow
 def test_self_test_passes_with_the_builtin_pair(tmp_path):
     pytest.importorskip("engine.session")
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "TANDEM_DATA_DIR": str(tmp_path / "data")}
     shot = tmp_path / "self-test.png"
-    command = [sys.executable, "-c", "import sys; from app.main import main; sys.exit(main())"]
     done = subprocess.run(
-        [*command, "--self-test", "--screenshot", str(shot)],
+        [*tandem_command(), "--self-test", "--screenshot", str(shot)],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -429,7 +437,7 @@ def test_self_test_passes_with_the_builtin_pair(tmp_path):
 
 
 def test_version_and_missing_display(tmp_path):
-    command = [sys.executable, "-c", "import sys; from app.main import main; sys.exit(main())"]
+    command = tandem_command()
     version = subprocess.run([*command, "--version"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert version.returncode == 0 and version.stdout.strip()
     env = {k: v for k, v in os.environ.items() if k not in ("QT_QPA_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")}

@@ -47,3 +47,11 @@ test: venv
 
 clean:
 	rm -rf $(VENV) build dist
+
+# One-folder PyInstaller bundle (dist/tandem/) and Debian package (dist/tandem_<version>-1_<arch>.deb).
+package: venv
+	VENV=$(VENV) packaging/build.sh
+
+# Unpacks the .deb into a temporary root and runs `tandem --self-test` from it (builds it if missing).
+package-test:
+	VENV=$(VENV) packaging/smoke_test.sh

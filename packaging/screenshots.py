@@ -72,8 +72,10 @@ class Shooter(QObject):
     def shoot(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         light = self.app.style().standardPalette()
-        for name, palette in (("light", light), ("dark", dark_palette())):
+        shots = (("light", light, True), ("dark", dark_palette(), True), ("formatted-dark", dark_palette(), False))
+        for name, palette, coloured in shots:
             self.app.setPalette(palette)
+            self.window.chat_view.set_coloured(coloured)
             for _ in range(5):
                 self.app.processEvents()
             path = self.out_dir / f"main-window-{name}.png"

@@ -461,3 +461,17 @@ def _close_message_boxes(qtbot):
     for widget in QtWidgets.QApplication.topLevelWidgets():
         if isinstance(widget, QtWidgets.QMessageBox):
             widget.close()
+
+
+def test_ctrl_comma_opens_settings_and_applied_reaches_the_engine(qtbot, store):
+    from app.settings_dialog import SettingsDialog
+
+    engine = ScriptedEngine(["ok"])
+    window = open_window(qtbot, store, engine)
+    qtbot.keyClick(window, Qt.Key.Key_Comma, Qt.KeyboardModifier.ControlModifier)
+    dialog = window.findChild(SettingsDialog)
+    assert dialog is not None and dialog.isVisible()
+    dialog.applied.emit(AppConfig(k_mode="fixed", k=3))
+    dialog.close()
+    send(qtbot, window, "hi")
+    assert engine.speculation.k == 3

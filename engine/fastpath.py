@@ -381,3 +381,31 @@ if __name__ == "__main__":
     loaded = load_model(args.spec, device="cpu", dtype="float32")
     sizes = tuple(int(n) for n in args.sizes.split(","))
     print(json.dumps(benchmark(loaded.model, sizes=sizes), indent=1))
+
+
+CPU_COMPILE_NOTICE = (
+    "Compilation is off on CPU unless asked for: preparing each shape takes minutes on a small CPU. "
+    "Set 'compiled' to 'on' to try it."
+)
+
+
+def make_runner(model, device=None, compiled: str = "auto", verify_sizes: Iterable[int] = ()) -> ModelRunner:
+    """The fastest runner this model supports.
+
+    compiled: "auto" compiles on CUDA and stays eager on CPU, "on" compiles wherever it can,
+    "off" never compiles. Models the fast path does not support get the generic runner; either way
+    `runner.notice` says what was chosen when it is not the compiled fast path.
+    """
+    if compiled not in ("auto", "on", "off"):
+        raise ValueError(f"compiled must be 'auto', 'on' or 'off', not {compiled!r}")
+    reason = unsupported_reason(model)
+    if reason is not None:
+        runner = ModelRunner(model, device)
+        runner.notice = f"Generic path: {reason}."
+        return runner
+    runner_device = torch.device(device) if device is not None else next(model.parameters()).device
+    compile_now = compiled == "on" or (compiled == "auto" and runner_device.type == "cuda")
+    runner = FastRunner(model, device, compiled="auto" if compile_now else "off", verify_sizes=verify_sizes)
+    if compiled == "auto" and not compile_now:
+        runner.notice = CPU_COMPILE_NOTICE
+    return runner

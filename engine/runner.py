@@ -22,6 +22,7 @@ class ModelRunner:
         self.context_length = int(getattr(model.config, "max_position_embeddings", None) or 2048)
         self.cache = None
         self.cache_length = 0
+        self.notice = ""  # why this runner is not the fastest path, for the user
         # transformers renamed `past_key_values` to `cache` during 5.x
         self._cache_argument = (
             "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -15,8 +15,9 @@ from engine.adaptive import KController, VerifyCostCurve
 from engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter, common_prefix_length
 from engine.errors import ContextOverflowError, IncompatibleDraftError
 from engine.events import Event, Failed, Finished
+from engine.fastpath import make_runner
 from engine.loading import LoadedModel
-from engine.runner import ModelRunner, output_vocab_size
+from engine.runner import output_vocab_size
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.speculative import generate
 from engine.stats import GenerationStats
@@ -24,6 +25,8 @@ from engine.stats import GenerationStats
 CALIBRATION_TOKENS = 64
 CALIBRATION_SIZES = (1, 2, 4, 8)
 VOCAB_PADDING_TOLERANCE = 128
+# Verify forwards of K+1 tokens compiled ahead when compilation is on; other sizes run eagerly.
+COMPILED_VERIFY_SIZES = (2, 3, 5)
 
 
 class ChatEngine:
@@ -33,11 +36,13 @@ class ChatEngine:
         draft: LoadedModel | None = None,
         speculation: SpeculationSettings | None = None,
         sampling: SamplingSettings | None = None,
+        compiled: str = "auto",
     ):
         self.target = target
+        self.compiled = compiled
         self.speculation = speculation or SpeculationSettings()
         self.sampling = sampling or SamplingSettings()
-        self._runner = ModelRunner(target.model, target.device)
+        self._runner = make_runner(target.model, target.device, compiled, COMPILED_VERIFY_SIZES)
         self._cached_tokens: list[int] = []  # the target cache holds _cached_tokens[: _runner.cache_length]
         self._lock = threading.Lock()
         self._verify_curve: VerifyCostCurve | None = None
@@ -58,7 +63,9 @@ class ChatEngine:
             if self._model_drafter is not None:
                 self._controllers.pop(self._model_drafter.name, None)
             self._model_drafter = (
-                ModelDrafter(ModelRunner(draft.model, draft.device), self._runner.vocab_size, draft.name)
+                ModelDrafter(
+                    make_runner(draft.model, draft.device, self.compiled), self._runner.vocab_size, draft.name
+                )
                 if draft is not None
                 else None
             )
@@ -127,12 +134,29 @@ class ChatEngine:
         Also measures the target's forward time over 2, 4 and 8 new tokens, which adaptive K starts from.
         """
         if self._step_time_s is None:
-            runner = ModelRunner(self.target.model, self.target.device)
+            # Measured on the engine's own runner, so the figures are those of the path that generates.
+            runner = self._runner
             vocab = runner.vocab_size
+            runner.reset()
+            self._cached_tokens = []
             runner.prefill([(1000 + i) % vocab for i in range(CALIBRATION_TOKENS)])
             self._verify_curve = VerifyCostCurve().measure(runner, CALIBRATION_SIZES)
             self._step_time_s = self._verify_curve.seconds[1]
+            runner.reset()
         return self._step_time_s
+
+    def prepare(self, progress=None) -> None:
+        """Compiles the target's (and draft's) forwards ahead of the first reply, when compilation is on."""
+        with self._lock:
+            for runner in (self._runner, getattr(self._model_drafter, "runner", None)):
+                if runner is not None and getattr(runner, "is_compiled", False):
+                    runner.warm_up(progress=progress)
+
+    @property
+    def notices(self) -> list[str]:
+        """What the user should know about how the models run (no compilation, generic path)."""
+        runners = [self._runner, getattr(self._model_drafter, "runner", None)]
+        return list(dict.fromkeys(r.notice for r in runners if r is not None and r.notice))
 
     # --- internals -----------------------------------------------------------------------------
 

@@ -31,6 +31,8 @@ class LoadRequest:
     draft: str | None = None  # None: a quantized copy of the target
     quantization: str = "int8"
     device: str = "auto"
+    dtype: str = "auto"
+    compiled: str = "auto"
     draft_on_cpu: bool = False
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
@@ -43,6 +45,8 @@ class LoadRequest:
             draft=config.draft or None,
             quantization=config.draft_quantization,
             device=config.device,
+            dtype=config.dtype,
+            compiled=config.compiled,
             draft_on_cpu=config.draft_on_cpu,
             speculation=config.speculation(),
             sampling=config.sampling(),
@@ -57,6 +61,7 @@ class EngineInfo:
     draft: str | None
     device: str
     quantization: str
+    notices: tuple[str, ...] = ()  # how the models run, when it is not the fastest path
 
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -74,16 +79,21 @@ def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> 
         draft_spec,
         quantization=request.quantization,
         device=request.device,
+        dtype=request.dtype,
         progress=progress,
         draft_device="cpu" if request.draft_on_cpu else None,
     )
     progress("Preparing the engine", 0, 1)
-    engine = ChatEngine(target, draft, speculation=request.speculation, sampling=request.sampling)
+    engine = ChatEngine(
+        target, draft, speculation=request.speculation, sampling=request.sampling, compiled=request.compiled
+    )
+    engine.prepare(progress)
     info = EngineInfo(
         target=target.name,
         draft=draft.name if draft is not None else (None if request.drafter == "none" else request.drafter),
         device=str(target.device),
         quantization=draft.quantization if draft is not None else "none",
+        notices=tuple(engine.notices),
     )
     return engine, info
 

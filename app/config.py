@@ -20,7 +20,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DRAFTERS = ("model", "ngram", "none")
 QUANTIZATIONS = ("none", "int8", "int4")
 K_MODES = ("adaptive", "fixed")
-COMPILED = ("auto", "off")
+COMPILED = ("auto", "on", "off")  # auto: compile on CUDA; on: compile on CPU too (minutes per shape)
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 

@@ -235,6 +235,7 @@ class MainWindow(QtWidgets.QMainWindow):
         if info.quantization != "none":
             draft += f" ({info.quantization})"
         self.models_label.setText(f"Target: {info.target}   Draft: {draft}   Device: {info.device}")
+        self.models_label.setToolTip("\n".join(info.notices))
         self.activity_label.setText("Ready")
         self._update_controls()
         self.models_loaded.emit(info)

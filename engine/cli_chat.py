@@ -20,6 +20,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--quant", choices=["none", "int8", "int4"], default="int8", help="draft quantization")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument(
+        "--compiled",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="compile the forwards: auto (on CUDA only), on (CPU too: minutes per shape), off",
+    )
 
 
 def add_chat_parser(subparsers) -> None:
@@ -107,7 +113,13 @@ def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSetti
         )
     finally:
         progress.close()
-    return ChatEngine(target, draft, speculation=speculation, sampling=sampling)
+    engine = ChatEngine(target, draft, speculation=speculation, sampling=sampling, compiled=args.compiled)
+    progress = ProgressBar()
+    try:
+        engine.prepare(progress)
+    finally:
+        progress.close()
+    return engine
 
 
 class TerminalPrinter:

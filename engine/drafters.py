@@ -50,6 +50,9 @@ class Drafter:
     def update(self, accepted: list[int]) -> None:
         """`accepted`: the draft tokens the target kept in the last round (a prefix of the draft)."""
 
+    def prefill(self, context: list[int]) -> None:
+        """Reads a new prompt before the first round, so that its cost is not charged to drafting."""
+
     def reset(self) -> None:
         """Forget everything about earlier requests."""
 
@@ -148,6 +151,10 @@ class ModelDrafter(Drafter):
         if not tokens:
             return empty_draft(self.target_vocab_size, self.runner.device)
         return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+
+    def prefill(self, context: list[int]) -> None:
+        if len(context) > 1:
+            self._catch_up(context)
 
     def update(self, accepted: list[int]) -> None:
         """The cache holds context + draft[:k-1]; keep context + the accepted part of that."""

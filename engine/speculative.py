@@ -158,6 +158,15 @@ def generate(
     if publish([first_token], ["target"]) == "eos":
         target_cache_holds(target, context)
         return finish("eos")
+    if not plain_only:
+        # The draft reads the prompt now, as prompt processing: charged to drafting, a long prompt
+        # would make every drafted token look expensive and adaptive K would stop drafting.
+        drafter_started = time.perf_counter()
+        try:
+            drafter.prefill(prompt_ids)
+        except Cancelled:
+            return finish("cancelled")
+        stats.prefill_time_s += time.perf_counter() - drafter_started
 
     while True:
         budget = min(sampling.max_new_tokens - stats.generated_tokens, target.context_length - len(context))

@@ -228,3 +228,26 @@ def test_acceptance_does_not_decay_over_512_tokens_on_the_builtin_model(builtin_
     assert sum(span.provenance == "target" for span in first) == 0
     assert sum(span.provenance == "target" for span in last) == 0
     assert finished.stats.acceptance_rate == 1.0
+
+
+def test_the_draft_reads_the_prompt_before_drafting_starts(target, other_draft, prompt_ids):
+    """Prompt reading is prompt processing: the first round's draft time must not include it,
+    or a long prompt makes drafting look too expensive for adaptive K."""
+    drafter = make_drafter("other", target, other_draft)
+    forwards_in_rounds = []
+
+    def on_event(event):
+        if isinstance(event, TextPiece) and not forwards_in_rounds:
+            forwards_in_rounds.append(drafter.runner.cache_length)
+
+    original_propose = drafter.propose
+
+    def propose(context, k):
+        # at the first proposal the draft cache already holds the whole prompt
+        forwards_in_rounds.append(drafter.runner.cache_length)
+        return original_propose(context, k)
+
+    drafter.propose = propose
+    run(target, drafter, prompt_ids, k=4, sampling=SamplingSettings(max_new_tokens=6), on_event=on_event)
+    assert forwards_in_rounds[0] == 0  # nothing read when the first token (from the prefill) streams
+    assert forwards_in_rounds[1] == len(prompt_ids)

@@ -40,8 +40,11 @@ class SpeculationSettings:
     k: int | None = None  # None: adaptive
     max_k: int = 8
     p_min: float = 0.0  # stop drafting when the draft's top probability falls below this
-    ngram_max: int = 3  # longest suffix the n-gram drafter matches
-    ngram_min: int = 1
+    # Suffix lengths the n-gram drafter matches. Single-token matches propose mostly wrong tokens
+    # (measured on the built-in prompt set: 22 % of drafted tokens accepted at K=4 with min 1, 38 %
+    # with min 2, for nearly the same tokens per round), and wrong tokens still cost verify time.
+    ngram_max: int = 4
+    ngram_min: int = 2
 
     @property
     def adaptive(self) -> bool:

@@ -190,10 +190,11 @@ class _StopFlags:
 
 
 def _stop_thread(thread: QThread, stops: _StopFlags, *_args, timeout_ms: int = 15000) -> bool:
+    """timeout_ms < 0 waits as long as it takes."""
     stops.generation.set()
     stops.load.set()
     thread.quit()
-    return thread.wait(timeout_ms)
+    return thread.wait() if timeout_ms < 0 else thread.wait(timeout_ms)
 
 
 class EngineBridge(QObject):

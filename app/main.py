@@ -21,6 +21,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reset-settings", action="store_true", help="forget settings and window layout")
     parser.add_argument("--self-test", action="store_true", help="send one prompt to the built-in models and check the reply")
     parser.add_argument("--screenshot", type=Path, metavar="PATH", help="save a PNG of the window (with --self-test: after the reply)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS",
+        help="with --self-test: how long to wait for the models and the reply (default 600)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -43,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.self_test:
         from app.self_test import run_self_test
 
+        if args.timeout is not None:
+            return run_self_test(args.screenshot, args.timeout)
         return run_self_test(args.screenshot)
     return run_app(args)
 

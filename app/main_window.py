@@ -194,7 +194,11 @@ class MainWindow(QtWidgets.QMainWindow):
         if self.reply is not None:
             self.bridge.stop()
         self.save_layout()
-        self.bridge.shutdown()
+        if not self.bridge.shutdown():
+            # A loading stage (converting a model, say) cannot be interrupted midway; it checks the
+            # cancel flag between stages. Destroying a running QThread would abort the process.
+            self.activity_label.setText("Waiting for the model loader to stop…")
+            self.bridge.shutdown(timeout_ms=-1)
         if self.reply is not None:  # the worker has stopped; its last signals will not be delivered
             self._finish_reply("cancelled", None, None)
         self.sidebar.purge_deleted()

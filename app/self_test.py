@@ -6,6 +6,7 @@ stored complete with its stats. Prints the reason and exits non-zero otherwise.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from app.qt import QObject, QTimer, QtWidgets, Slot
 
 PROMPT = "Write a short Python function that returns the square of a number."
-TIMEOUT_S = 180
+TIMEOUT_S = float(os.environ.get("TANDEM_SELF_TEST_TIMEOUT", "600"))
 MAX_NEW_TOKENS = 96
 
 

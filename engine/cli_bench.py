@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 import sys
 import time
 
 from engine.bench import HFSettings, Method
+from engine.errors import SettingsError
 
 DEFAULT_METHODS = "baseline,tandem,tandem-ngram,hf-assisted,hf-lookup,hf-plain"
 
@@ -88,7 +90,6 @@ def load_models(args, methods: list[Method]):
     kind = draft_kind(args.draft)
     draft_spec = args.draft if kind == "model" else "none"
     if kind != "model" and any(m.kind == "hf-assisted" for m in methods):
-        from engine.errors import SettingsError
 
         raise SettingsError(f"hf-assisted needs a draft model, but --draft is '{args.draft}'.")
     if not needs_draft_model(methods, kind):
@@ -159,6 +160,8 @@ def run_bench(args) -> int:
     from engine import bench
     from engine.cli_chat import sampling_from_args
 
+    if args.plots and importlib.util.find_spec("matplotlib") is None:  # say so before an hour of benchmark
+        raise SettingsError("--plots needs matplotlib, which this installation lacks: pip install matplotlib")
     prompts_path = args.prompts or bench.default_prompts_path()
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
     prompts = bench.select_prompts(bench.load_prompts(prompts_path), categories, args.limit)
@@ -173,7 +176,6 @@ def run_bench(args) -> int:
     )
     hf.validate()
     if args.warmup < 0:
-        from engine.errors import SettingsError
 
         raise SettingsError(f"--warmup must be 0 or more, not {args.warmup}.")
 

@@ -532,8 +532,9 @@ def decode_answer(tokenizer, token_ids: list[int]) -> str:
 
 
 def build_runners(
-    methods: list[Method], target, draft, draft_kind: str, sampling, hf: HFSettings, max_k: int = 8
-):
+    methods: list[Method], target, draft, draft_kind: str, sampling, hf: HFSettings, max_k: int = 8,
+    compiled: str = "auto",
+):  # fmt: skip
     """draft_kind: 'model', 'ngram' or 'none', what --draft asked for."""
     from engine.settings import SpeculationSettings
 
@@ -545,7 +546,10 @@ def build_runners(
             if engine is None:
                 from engine.session import ChatEngine
 
-                engine = ChatEngine(target, draft if draft_kind == "model" else None, sampling=sampling)
+                engine = ChatEngine(
+                    target, draft if draft_kind == "model" else None, sampling=sampling, compiled=compiled
+                )
+                engine.prepare()
             speculation = SpeculationSettings(drafter=drafters[method.kind], k=method.k, max_k=max_k)
             runners.append(TandemRunner(method, engine, speculation))
         else:

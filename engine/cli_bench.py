@@ -118,6 +118,7 @@ def bench_config(args, prompts_path, prompts, methods, k_values, hf: HFSettings)
         "target": args.target,
         "draft": args.draft if args.draft else "quantized copy of the target",
         "quant": args.quant,
+        "compiled": args.compiled,
         "device": args.device,
         "k": ["adaptive" if k is None else k for k in k_values],
         "max_k": args.max_k,
@@ -180,7 +181,9 @@ def run_bench(args) -> int:
         raise SettingsError(f"--warmup must be 0 or more, not {args.warmup}.")
 
     target, draft = load_models(args, methods)
-    runners = bench.build_runners(methods, target, draft, draft_kind(args.draft), sampling, hf, args.max_k)
+    runners = bench.build_runners(
+        methods, target, draft, draft_kind(args.draft), sampling, hf, args.max_k, compiled=args.compiled
+    )
     total = len(runners) * (args.warmup + len(prompts))
     with tqdm(total=total, file=sys.stderr, unit="run", leave=False) as bar:
 

@@ -30,6 +30,8 @@ from engine.runner import ModelRunner
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 ProgressCallback = Callable[[str, int, int], None]
+# Longest prompt piece one eager forward reads (bounds the attention scores' memory).
+EAGER_PREFILL_CHUNK = 512
 
 
 def unsupported_reason(model) -> str | None:
@@ -196,8 +198,9 @@ class FastRunner(ModelRunner):
         """Appends `ids` ([n], n >= 1) to the cache; returns the logits after the last one: [V] float32."""
         ids = self._as_ids(ids)
         last = None
-        for start in range(0, ids.numel(), self.prefill_chunk):
-            last = self._forward_ids(ids[start : start + self.prefill_chunk])[-1]
+        chunk = self._chunk_size
+        for start in range(0, ids.numel(), chunk):
+            last = self._forward_ids(ids[start : start + chunk])[-1]
         return last
 
     @torch.inference_mode()
@@ -205,10 +208,16 @@ class FastRunner(ModelRunner):
         """Appends `new_ids` ([n]) to the cache; returns the logits at every new position: [n, V] float32."""
         ids = self._as_ids(new_ids)
         rows = [
-            self._forward_ids(ids[s : s + self.prefill_chunk])
-            for s in range(0, ids.numel(), self.prefill_chunk)
+            self._forward_ids(ids[s : s + self._chunk_size])
+            for s in range(0, ids.numel(), self._chunk_size)
         ]
         return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    @property
+    def _chunk_size(self) -> int:
+        """Compiled forwards take prompts in fixed chunks (one graph); eager ones read them whole,
+        which is several times faster than many small forwards."""
+        return self.prefill_chunk if self._compiled is not None else EAGER_PREFILL_CHUNK
 
     def rollback(self, to_length: int) -> None:
         """Forget every cached position from `to_length` on: free, the slots are masked then overwritten."""
@@ -271,7 +280,7 @@ class FastRunner(ModelRunner):
     # Forwards
 
     def _forward_ids(self, ids: Tensor) -> Tensor:
-        """ids: [n] with n <= prefill_chunk -> logits [n, V] float32; advances cache_length by n."""
+        """ids: [n] with n <= _chunk_size -> logits [n, V] float32; advances cache_length by n."""
         n = ids.numel()
         start = self.cache_length
         assert n >= 1 and start + n <= self.max_seq_length, (start, n, self.max_seq_length)

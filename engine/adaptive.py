@@ -35,6 +35,21 @@ class VerifyCostCurve:
         self.seconds[n] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
     def estimate(self, n: int) -> float | None:
+        """t(n), kept physically sane so that one noisy measurement cannot mislead adaptive K:
+        a forward over more tokens never costs less than one over fewer (so t(n) is at most the
+        cheapest measurement at n or above), and never more than n single steps."""
+        estimate = self._interpolate(n)
+        if estimate is None:
+            return None
+        at_or_above = [seconds for m, seconds in self.seconds.items() if m >= n]
+        if at_or_above:
+            estimate = min(estimate, min(at_or_above))
+        single = self.seconds.get(1)
+        if single is not None:
+            estimate = min(max(estimate, single), n * single)
+        return estimate
+
+    def _interpolate(self, n: int) -> float | None:
         if n in self.seconds:
             return self.seconds[n]
         sizes = sorted(self.seconds)
@@ -48,7 +63,7 @@ class VerifyCostCurve:
         slope = max((self.seconds[hi] - self.seconds[lo]) / (hi - lo), 0.0)
         return self.seconds[lo] + slope * (n - lo)
 
-    def measure(self, runner, sizes=(1, 2, 4, 8), repeats: int = 3) -> VerifyCostCurve:
+    def measure(self, runner, sizes=(1, 2, 4, 8), repeats: int = 5) -> VerifyCostCurve:
         """Times forwards over n new tokens on `runner` (its cache must hold some context), then rolls back."""
         length = runner.cache_length
         for n in sizes:

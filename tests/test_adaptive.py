@@ -83,3 +83,14 @@ def test_fixed_k_and_limit():
 
 def test_first_round_probes_before_anything_is_measured():
     assert KController(SpeculationSettings(max_k=8), VerifyCostCurve()).choose(limit=100) == 4
+
+
+def test_one_noisy_measurement_cannot_make_short_drafts_look_expensive():
+    """A forward over 2 tokens measured during a load spike must not cost more than one over 4,
+    nor more than 2 single steps; otherwise adaptive K would refuse K=1 for no real reason."""
+    curve = curve_of({1: 0.10, 2: 0.90, 4: 0.15, 8: 5.0})
+    assert curve.estimate(2) == pytest.approx(0.15)
+    assert curve.estimate(3) == pytest.approx(0.15)
+    assert curve.estimate(8) == pytest.approx(0.80)  # at most 8 single steps
+    assert curve.estimate(1) == pytest.approx(0.10)
+    assert curve.estimate(4) >= curve.estimate(1)

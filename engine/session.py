@@ -114,7 +114,9 @@ class ChatEngine:
             controller = self._controller(drafter, speculation)
             reused = common_prefix_length(self._cached_tokens[: self._runner.cache_length], prompt_ids)
             self._runner.rollback(reused)
-            stats = GenerationStats(target_step_time_s=self._step_time_s, note=note)
+            # the target-alone step time as measured now: calibration, updated by every plain step since
+            step_time = self._verify_curve.estimate(1) or self._step_time_s
+            stats = GenerationStats(target_step_time_s=step_time, note=note)
             try:
                 finished = generate(
                     self._runner, drafter, prompt_ids, sampling, speculation, self.target.eos_token_ids,

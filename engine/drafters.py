@@ -10,6 +10,7 @@ Every drafter has the same two calls:
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,9 @@ class Drafter:
     # forwards a round costs besides the target's; zero for drafters without a model
     has_model = False
     sampling = SamplingSettings()
+    # seconds the last proposal spent reading tokens the drafter had skipped (after plain rounds);
+    # a one-off cost that must not count as the per-token price of drafting
+    catch_up_s = 0.0
 
     def begin(
         self, sampling: SamplingSettings, generator: torch.Generator | None, cancel=None, p_min=0.0
@@ -173,7 +177,13 @@ class ModelDrafter(Drafter):
         )
         self.runner.rollback(keep)
         self._check_cancel()
+        started = time.perf_counter()
         logits = self.runner.prefill(context[keep:])
+        # A round's catch-up reads at most the last accepted token and the target's own token; more
+        # means the drafter sat out plain rounds (or is reading a new prompt).
+        if len(context) - keep > 2:
+            self.runner.synchronize()
+            self.catch_up_s += time.perf_counter() - started
         self.cached_tokens = list(context)
         return logits
 

@@ -34,6 +34,7 @@ class RoundResult:
     num_accepted: int
     draft_s: float
     verify_s: float
+    catch_up_s: float = 0.0  # part of draft_s spent reading skipped tokens, not drafting
 
 
 def make_generator(sampling: SamplingSettings, device) -> torch.Generator:
@@ -57,6 +58,7 @@ def speculative_round(
 ) -> RoundResult:
     # 1. Draft up to k tokens (k = 0: a plain decoding step).
     start = time.perf_counter()
+    drafter.catch_up_s = 0.0
     draft = drafter.propose(context, k) if k > 0 else empty_draft(target.vocab_size, target.device)
     target.synchronize()
     drafted_at = time.perf_counter()
@@ -87,7 +89,9 @@ def speculative_round(
     accepted = draft_ids[:n]
     target.rollback(len(context) + n)  # holds context + accepted; the next token is fed next round
     drafter.update(accepted)
-    return RoundResult(accepted + [next_id], len(draft_ids), n, drafted_at - start, verified_at - drafted_at)
+    return RoundResult(
+        accepted + [next_id], len(draft_ids), n, drafted_at - start, verified_at - drafted_at, drafter.catch_up_s
+    )
 
 
 def prefill(target: ModelRunner, prompt_ids: list[int], sampling: SamplingSettings, generator) -> int:
@@ -177,7 +181,9 @@ def generate(
             result = speculative_round(target, drafter, context, k, sampling, generator, cancel)
         except Cancelled:
             return finish("cancelled")
-        controller.observe(k, result.drafted, result.num_accepted, result.draft_s, result.verify_s)
+        controller.observe(
+            k, result.drafted, result.num_accepted, result.draft_s - result.catch_up_s, result.verify_s
+        )
         record_round(stats, controller, k, result)
         stats.note = " ".join(filter(None, [base_note, controller.note()]))
         provenance = ["draft"] * result.num_accepted

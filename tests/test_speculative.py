@@ -251,3 +251,20 @@ def test_the_draft_reads_the_prompt_before_drafting_starts(target, other_draft, 
     run(target, drafter, prompt_ids, k=4, sampling=SamplingSettings(max_new_tokens=6), on_event=on_event)
     assert forwards_in_rounds[0] == 0  # nothing read when the first token (from the prefill) streams
     assert forwards_in_rounds[1] == len(prompt_ids)
+
+
+def test_catching_up_after_plain_rounds_is_not_priced_as_drafting(target, other_draft, prompt_ids):
+    """After plain rounds the draft must read the tokens it skipped; that one-off cost is reported
+    apart, so that adaptive K does not judge drafting by it and never come back."""
+    drafter = make_drafter("other", target, other_draft)
+    drafter.begin(SamplingSettings(), None)
+    drafter.catch_up_s = 0.0
+    drafter.propose(prompt_ids, 2)
+    drafter.update([])
+    assert drafter.catch_up_s > 0  # read the whole prompt
+    drafter.catch_up_s = 0.0
+    drafter.propose(prompt_ids + [5], 2)  # the usual round: one new token
+    drafter.update([])
+    assert drafter.catch_up_s == 0.0
+    drafter.propose(prompt_ids + [5, 6, 7, 8, 9, 10], 2)  # five plain rounds were skipped
+    assert drafter.catch_up_s > 0

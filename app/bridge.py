@@ -70,7 +70,7 @@ EngineFactory = Callable[[LoadRequest, ProgressCallback], tuple[Any, EngineInfo]
 
 
 def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> tuple[Any, EngineInfo]:
-    from engine.pair import load_pair
+    from engine.models.pair import load_pair
     from engine.session import ChatEngine
 
     draft_spec = request.draft if request.drafter == "model" else request.drafter

@@ -9,8 +9,8 @@ import dataclasses
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from engine.builtin import DEFAULT_TARGET
 from engine.errors import SettingsError
+from engine.models.builtin import DEFAULT_TARGET
 from engine.settings import MAX_K, SamplingSettings, SpeculationSettings
 
 STORE_KEY = "app_config"

@@ -98,7 +98,7 @@ def open_store(path: Path | None):
     """The store, or None after telling the user why it cannot be opened."""
     from app.qt import QtWidgets
     from engine.errors import CorruptDatabaseError, StorageError
-    from engine.store import Store
+    from engine.store.database import Store
 
     try:
         return Store(path)

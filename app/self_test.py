@@ -99,7 +99,7 @@ class SelfTest(QObject):
 def run_self_test(screenshot: Path | None = None, timeout_s: float = TIMEOUT_S) -> int:
     from app.config import AppConfig
     from app.main_window import MainWindow
-    from engine.store import Store
+    from engine.store.database import Store
 
     app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([])
     with tempfile.TemporaryDirectory(prefix="tandem-self-test-") as folder:

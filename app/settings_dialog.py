@@ -16,8 +16,8 @@ from typing import Any
 
 from app.config import COMPILED, DEVICES, DTYPES, QUANTIZATIONS, AppConfig
 from app.qt import Qt, QtWidgets, Signal
-from engine.builtin import BUILTIN_MODELS, BUILTIN_PREFIX, converted_dir, is_converted
 from engine.errors import SettingsError, TandemError
+from engine.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX, converted_dir, is_converted
 from engine.settings import MAX_K
 
 HUB_NOTE = "A hub id (owner/name) is downloaded when the models load; the status bar shows its progress."
@@ -29,7 +29,7 @@ CHECKING = "Checking that the draft shares the target's tokenizer…"
 
 def local_folder(spec: str) -> Path | None:
     """The folder holding a model's files if it is on disk already; never converts or downloads."""
-    from engine.loading import gguf_cache_folder, spec_kind
+    from engine.models.loading import gguf_cache_folder, spec_kind
 
     kind = spec_kind(spec)  # raises, with a message for the user, for a path that does not exist
     if kind == "builtin":
@@ -49,7 +49,7 @@ def local_folder(spec: str) -> Path | None:
 
 def load_tokenizer(spec: str):
     """The model's tokenizer alone, or None when it is not on disk (a hub id not yet downloaded)."""
-    from engine import loading
+    from engine.models import loading
 
     folder = local_folder(spec)
     if folder is not None:
@@ -63,7 +63,7 @@ def load_tokenizer(spec: str):
 
 
 def load_model_config(spec: str):
-    from engine import loading
+    from engine.models import loading
 
     if Path(spec).expanduser().suffix.lower() == ".gguf":
         return loading.load_config(spec)
@@ -74,7 +74,7 @@ def load_model_config(spec: str):
 def catalog_family(spec: str) -> str | None:
     """The tokenizer family the catalogue gives a model, for models whose tokenizer is not on disk."""
     try:
-        from engine import catalog
+        from engine.models import catalog
     except ImportError:
         return None
     family_of = getattr(catalog, "family_of", None)
@@ -88,7 +88,7 @@ def check_draft(target: str, draft: str, tokenizers: dict[str, Any]) -> tuple[bo
             tokenizers[spec] = load_tokenizer(spec)
     target_tokenizer, draft_tokenizer = tokenizers[target], tokenizers[draft]
     if target_tokenizer is not None and draft_tokenizer is not None:
-        from engine.compat import compatibility
+        from engine.models.compat import compatibility
 
         return compatibility(target_tokenizer, draft_tokenizer)
     target_family, draft_family = catalog_family(target), catalog_family(draft)
@@ -103,7 +103,7 @@ def check_draft(target: str, draft: str, tokenizers: dict[str, Any]) -> tuple[bo
 
 
 def estimate_memory_line(config: AppConfig) -> str:
-    from engine.memory import estimate_memory
+    from engine.models.memory import estimate_memory
 
     target_config = load_model_config(config.target)
     if target_config is None:
@@ -126,13 +126,13 @@ def estimate_memory_line(config: AppConfig) -> str:
 
 
 def quantization_line(config: AppConfig) -> str:
-    from engine.quantize import quantization_note
+    from engine.models.quantize import quantization_note
 
     if config.drafter != "model":
         return ""
     device = "cpu" if config.draft_on_cpu else config.device
     if device == "auto":
-        from engine.loading import resolve_device
+        from engine.models.loaded import resolve_device
 
         device = resolve_device("auto").type
     return quantization_note(config.draft_quantization, device)
@@ -146,7 +146,7 @@ def catalog_specs() -> list[str]:
     """Model specs the catalogue suggests, built-in ones first, without duplicates."""
     specs = builtin_specs()
     try:
-        from engine import catalog
+        from engine.models import catalog
     except ImportError:
         return specs
     list_models = getattr(catalog, "list_models", None)

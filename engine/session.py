@@ -2,7 +2,7 @@
 
 The target's KV cache is kept between turns: a follow-up prompt usually extends the tokens already
 cached, so only the new tokens are prefilled. Settings are read at every call, so the GUI can
-replace `engine.speculation` / `engine.sampling` between replies.
+replace `engine.speculation` / `engine.decoding.sampling` between replies.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import threading
 import traceback
 from collections.abc import Callable
 
-from engine.adaptive import KController, VerifyCostCurve
-from engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter, common_prefix_length
+from engine.decoding.adaptive import KController, VerifyCostCurve
+from engine.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter, common_prefix_length
+from engine.decoding.speculative import generate
 from engine.errors import ContextOverflowError, IncompatibleDraftError
 from engine.events import Event, Failed, Finished
-from engine.fastpath import make_runner
-from engine.loading import LoadedModel
-from engine.runner import output_vocab_size
+from engine.models.loaded import LoadedModel
+from engine.runtime.eager import output_vocab_size
+from engine.runtime.fastpath import make_runner
 from engine.settings import SamplingSettings, SpeculationSettings
-from engine.speculative import generate
 from engine.stats import GenerationStats
 
 CALIBRATION_TOKENS = 64

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 from app.config import AppConfig  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
 from app.qt import QObject, QtGui, QTimer, QtWidgets, Slot  # noqa: E402
-from engine.store import Store  # noqa: E402
+from engine.store.database import Store  # noqa: E402
 
 PROMPT = "Write a Python function that checks whether a number is prime, with a short explanation."
 EARLIER = [

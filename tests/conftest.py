@@ -8,12 +8,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
 
-from engine.builtin import DEFAULT_TARGET  # noqa: E402
+from engine.models.builtin import DEFAULT_TARGET  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def builtin_folder():
-    from engine.builtin import ensure_builtin
+    from engine.models.builtin import ensure_builtin
 
     return ensure_builtin(DEFAULT_TARGET)
 
@@ -27,7 +27,7 @@ def builtin_tokenizer(builtin_folder):
 
 @pytest.fixture(scope="session")
 def builtin_model(builtin_folder):
-    from engine.loading import load_model
+    from engine.models.loading import load_model
 
     return load_model(DEFAULT_TARGET, device="cpu", dtype="float32")
 
@@ -64,7 +64,7 @@ def make_tiny(builtin_tokenizer):
     """make_tiny(seed=0, layers=2) -> LoadedModel on CPU fp32 sharing the built-in tokenizer."""
     import torch
 
-    from engine.loading import LoadedModel
+    from engine.models.loaded import LoadedModel
 
     def make(seed: int = 0, layers: int = 2, hidden: int = 64) -> LoadedModel:
         model = build_tiny_llama(builtin_tokenizer, seed=seed, layers=layers, hidden=hidden)

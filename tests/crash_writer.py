@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.store import Store, ThrottledUpdater  # noqa: E402
+from engine.store.database import Store, ThrottledUpdater  # noqa: E402
 
 ALPHABET = "abcdefghij klmnopqrstuvwxyz \n.,;é漢字🙂 ÄÖÜß→∑"
 MAX_PIECE = 12

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.adaptive import KController, VerifyCostCurve, expected_tokens
+from engine.decoding.adaptive import KController, VerifyCostCurve, expected_tokens
 from engine.settings import SpeculationSettings
 
 

@@ -22,7 +22,7 @@ from app.qt import QObject, Qt, QtWidgets, Slot
 from engine.errors import ContextOverflowError, ModelNotFoundError
 from engine.events import Finished, RoundStats, TextPiece, TokenSpan
 from engine.stats import GenerationStats
-from engine.store import Store
+from engine.store.database import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 # The offscreen platform cannot resize a window to its layout's size hints and says so; that is not ours.
@@ -345,7 +345,7 @@ def test_settings_apply_without_restart(qtbot, store):
     window.apply_config(changed)
     send(qtbot, window, "hi")
     assert len(calls) == 1, "sampling and K changes must not reload models"
-    assert engine.speculation.k == 5 and engine.sampling.temperature == 0.7
+    assert engine.speculation.k == 5 and engine.decoding.sampling.temperature == 0.7
     assert AppConfig.load(store).k == 5
 
     with qtbot.waitSignal(window.models_loaded, timeout=5000):

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from engine import bench
+from engine.bench import suite as bench
 from engine.errors import PromptFileError, SettingsError
 
 REQUIRED_FIELDS = (
@@ -255,7 +255,7 @@ def test_plots_are_written(tmp_path):
     report = synthetic_report()
     for name in ("tandem[k=2]", "tandem[k=adaptive]"):
         report["methods"][name].update(target_step_s=0.1, verify_forward_s={"1": 0.1, "3": 0.16, "5": 0.24})
-    from engine.bench_plots import write_plots
+    from engine.bench.plots import write_plots
 
     paths = write_plots(report, tmp_path / "plots")
     assert {p.name for p in paths} == {"speedup_vs_k.png", "acceptance_by_category.png", "speedup_theory.png"}
@@ -265,7 +265,7 @@ def test_plots_are_written(tmp_path):
 
 
 def test_theory_curve():
-    from engine.bench_plots import interpolate, theoretical_speedup
+    from engine.bench.plots import interpolate, theoretical_speedup
 
     assert theoretical_speedup(0.0, 0.0, 3) == pytest.approx(1.0)
     assert theoretical_speedup(1.0, 0.0, 3) == pytest.approx(4.0)
@@ -323,7 +323,7 @@ def test_round_recorder_restores_the_model(make_tiny):
 
 @pytest.mark.slow
 def test_bench_command_on_builtin_pair(tmp_path, capsys):
-    from engine.cli import main
+    from engine.cli.main import main
 
     out = tmp_path / "report.json"
     plots = tmp_path / "plots"

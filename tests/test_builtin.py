@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from engine.builtin import (
+from engine.errors import ModelNotFoundError
+from engine.models.builtin import (
     DEFAULT_TARGET,
     builtin_entry,
     builtin_gguf_path,
@@ -11,7 +12,6 @@ from engine.builtin import (
     ensure_builtin,
     is_converted,
 )
-from engine.errors import ModelNotFoundError
 
 
 def test_unknown_builtin_names_the_known_ones():

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from engine.builtin import DEFAULT_TARGET
-from engine.catalog import drafts_for, list_models, tokenizer_family
-from engine.cli_models import add_models_parser, run_models
+from engine.cli.models import add_models_parser, run_models
+from engine.models.builtin import DEFAULT_TARGET
+from engine.models.catalog import drafts_for, list_models, tokenizer_family
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import pytest
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 
-from engine.compat import check_compatible, compatibility
 from engine.errors import IncompatibleDraftError
+from engine.models.compat import check_compatible, compatibility
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<extra>"]
 

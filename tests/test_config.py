@@ -6,14 +6,14 @@ import re
 import pytest
 
 from app.config import STORE_KEY, AppConfig
-from engine.builtin import DEFAULT_TARGET
 from engine.errors import SettingsError
+from engine.models.builtin import DEFAULT_TARGET
 from engine.settings import MAX_K
 
 
 @pytest.fixture
 def store(tmp_path):
-    from engine.store import Store
+    from engine.store.database import Store
 
     with Store(tmp_path / "tandem.db") as opened:
         yield opened

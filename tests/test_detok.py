@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.detok import IncrementalDetokenizer
+from engine.decoding.detok import IncrementalDetokenizer
 
 TEXTS = [
     "Hello, world! 🙂 How are you?",

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.fastpath import FastRunner, causal_mask
-from engine.runner import ModelRunner
+from engine.runtime.eager import ModelRunner
+from engine.runtime.fastpath import FastRunner, causal_mask
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -172,7 +172,7 @@ def test_compile_failing_at_first_call_falls_back_with_notice(make_tiny, monkeyp
 
 def test_no_compiler_or_env_off(make_tiny, monkeypatch):
     loaded = make_tiny(seed=6)
-    monkeypatch.setattr("engine.fastpath.shutil.which", lambda name: None)
+    monkeypatch.setattr("engine.runtime.fastpath.shutil.which", lambda name: None)
     fast = FastRunner(loaded.model, compiled="auto")
     assert not fast.is_compiled and "C++ compiler" in fast.notice
 
@@ -186,8 +186,8 @@ CACHE_SCRIPT = textwrap.dedent(
     """
     import json, sys, time, torch
     from transformers import AutoModelForCausalLM, LlamaConfig
-    from engine.compile_cache import cache_hits
-    from engine.fastpath import FastRunner
+    from engine.runtime.compile_cache import cache_hits
+    from engine.runtime.fastpath import FastRunner
 
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=512, max_position_embeddings=64)

@@ -7,10 +7,11 @@ import time
 import pytest
 import torch
 
-from engine.builtin import DEFAULT_TARGET, builtin_entry, builtin_gguf_path, is_converted
 from engine.errors import ModelFormatError, ModelNotFoundError, OfflineError
-from engine.hub import download_model
-from engine.loading import gguf_cache_folder, load_model, resolve_dtype, spec_kind
+from engine.models.builtin import DEFAULT_TARGET, builtin_entry, builtin_gguf_path, is_converted
+from engine.models.hub import download_model
+from engine.models.loaded import resolve_dtype
+from engine.models.loading import gguf_cache_folder, load_model, spec_kind
 
 
 def greedy_tokens(loaded, prompt: str = "The capital of France is", count: int = 8) -> list[int]:
@@ -151,7 +152,7 @@ def test_load_a_gguf_file_and_reuse_its_conversion(tmp_path, monkeypatch, builti
 
 
 def test_download_progress_reaches_the_callback():
-    from engine.hub import _progress_bar_class
+    from engine.models.hub import _progress_bar_class
 
     reports = []
     bar = _progress_bar_class(lambda stage, done, total: reports.append((stage, done, total)))(

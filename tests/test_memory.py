@@ -5,7 +5,7 @@ import time
 import pytest
 from transformers import LlamaConfig, Qwen2Config
 
-from engine.memory import (
+from engine.models.memory import (
     GIB,
     available_memory_bytes,
     estimate_memory,

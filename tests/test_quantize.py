@@ -4,11 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from engine.builtin import DEFAULT_TARGET
 from engine.errors import SettingsError
-from engine.loading import load_config, load_model
-from engine.memory import estimate_weight_bytes
-from engine.quantize import int4_cpu_unavailable_reason, quantization_note, quantize_model
+from engine.models.builtin import DEFAULT_TARGET
+from engine.models.loading import load_config, load_model
+from engine.models.memory import estimate_weight_bytes
+from engine.models.quantize import int4_cpu_unavailable_reason, quantization_note, quantize_model
 
 PROMPT = "The capital of France is"
 TOKENS = 8

@@ -6,7 +6,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine.sampling import accept_reject, greedy_accept, one_hot, probs_from_logits, sample, warp_logits
+from engine.decoding.sampling import (
+    accept_reject,
+    greedy_accept,
+    one_hot,
+    probs_from_logits,
+    sample,
+    warp_logits,
+)
 from engine.settings import SamplingSettings
 
 V = 10

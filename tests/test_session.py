@@ -54,7 +54,7 @@ def test_second_turn_prefills_only_new_tokens_and_equals_plain_greedy(target, dr
 def test_settings_are_read_at_each_call(target):
     engine = ChatEngine(target)
     messages = [{"role": "user", "content": "Hi"}]
-    engine.sampling = SamplingSettings(max_new_tokens=5)
+    engine.decoding.sampling = SamplingSettings(max_new_tokens=5)
     engine.speculation = SpeculationSettings(drafter="none")
     finished = engine.respond(messages)
     assert finished.stats.drafter == "none" and len(finished.token_ids) <= 5
@@ -115,7 +115,7 @@ def test_prompt_past_the_context_is_refused_with_numbers(target):
 def test_incompatible_draft_is_refused(target, builtin_tokenizer):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from engine.loading import LoadedModel
+    from engine.models.loaded import LoadedModel
 
     config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                          num_key_value_heads=1, vocab_size=1000)  # fmt: skip

@@ -14,7 +14,7 @@ PROBE_TIMEOUT_MS = 30_000
 
 @pytest.fixture
 def store(tmp_path):
-    from engine.store import Store
+    from engine.store.database import Store
 
     with Store(tmp_path / "tandem.db") as opened:
         yield opened

@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 
-from engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from engine.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from engine.decoding.speculative import generate
 from engine.events import RoundStats, TextPiece
-from engine.runner import ModelRunner
+from engine.runtime.eager import ModelRunner
 from engine.settings import SamplingSettings, SpeculationSettings
-from engine.speculative import generate
 
 NEW_TOKENS = 40
 PROMPT = "The cat sat on the mat. The dog sat on the log. The cat sat on the"

@@ -15,7 +15,6 @@ import sqlite_utils
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import store_export
 from engine.errors import (
     CorruptDatabaseError,
     DatabaseLockedError,
@@ -25,7 +24,8 @@ from engine.errors import (
     SchemaTooNewError,
     StorageError,
 )
-from engine.store import SCHEMA_VERSION, Store, ThrottledUpdater, migrate
+from engine.store import export as store_export
+from engine.store.database import SCHEMA_VERSION, Store, ThrottledUpdater, migrate
 
 HYPOTHESIS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

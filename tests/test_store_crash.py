@@ -20,7 +20,7 @@ from pathlib import Path
 import crash_writer
 import pytest
 
-from engine.store import Store
+from engine.store.database import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 LANES = 4

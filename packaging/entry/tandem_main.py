@@ -1,7 +1,7 @@
 """Frozen entry point of both `tandem` and `tandem-cli`.
 
 The bundle ships one executable; `tandem-cli` is a link to it (a second copy on Windows), and the
-name it was started under picks the program: `app.main:main` or `engine.cli:main`, the same
+name it was started under picks the program: `app.main:main` or `engine.cli.main:main`, the same
 functions as the console scripts of a source install.
 """
 
@@ -16,7 +16,7 @@ def started_as_cli(argv0: str) -> bool:
 
 if __name__ == "__main__":
     if started_as_cli(sys.argv[0]):
-        from engine.cli import main
+        from engine.cli.main import main
     else:
         from app.main import main
     sys.exit(main())

@@ -10,8 +10,8 @@ import os
 import re
 from pathlib import Path
 
-from engine.builtin import ProgressCallback
 from engine.errors import ModelNotFoundError, OfflineError
+from engine.models.builtin import ProgressCallback
 
 # Weights as safetensors, configs, and every tokenizer file format; never pickle checkpoints.
 ALLOW_PATTERNS = [

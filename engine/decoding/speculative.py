@@ -5,7 +5,7 @@ context[:-1]. A round feeds the last context token plus the K draft tokens ([K+1
 row i of the target's logits scores draft token i, and row K scores the bonus token.
 
 The output is exactly the target's: token for token under greedy decoding, and in distribution
-when sampling (see engine.sampling.accept_reject).
+when sampling (see engine.decoding.sampling.accept_reject).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.adaptive import KController, VerifyCostCurve
-from engine.detok import IncrementalDetokenizer
-from engine.drafters import Cancelled, Drafter, NoDrafter, empty_draft
+from engine.decoding.adaptive import KController, VerifyCostCurve
+from engine.decoding.detok import IncrementalDetokenizer
+from engine.decoding.drafters import Cancelled, Drafter, NoDrafter, empty_draft
+from engine.decoding.sampling import accept_reject, greedy_accept, probs_from_logits, sample
 from engine.events import Event, Finished, RoundStats, TextPiece, TokenSpan
-from engine.runner import ModelRunner
-from engine.sampling import accept_reject, greedy_accept, probs_from_logits, sample
+from engine.runtime.eager import ModelRunner
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 

@@ -90,8 +90,9 @@ def quantize_model(loaded, mode: str):
 
     CPU INT8 quantizes the weights in memory; bitsandbytes modes reload from the model's folder.
     """
-    from engine.loading import LoadedModel, load_model
-    from engine.memory import model_memory_bytes
+    from engine.models.loaded import LoadedModel
+    from engine.models.loading import load_model
+    from engine.models.memory import model_memory_bytes
 
     validate_mode(mode)
     if mode == loaded.quantization:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from engine.builtin import ProgressCallback
-from engine.loading import LoadedModel, load_model
+from engine.models.builtin import ProgressCallback
+from engine.models.loaded import LoadedModel
+from engine.models.loading import load_model
 
 NO_DRAFT_MODEL = {"ngram", "none"}
 
@@ -22,17 +23,14 @@ def load_pair(
     draft_spec None means "a quantized copy of the target", the only same-tokenizer draft for a
     model that ships alone. 'ngram' and 'none' load no draft model.
     """
-    from engine.compat import check_compatible
-    from engine.quantize import quantize_model
+    from engine.models.compat import check_compatible
 
     target = load_model(target_spec, device=device, dtype=dtype, progress=progress)
     if draft_spec is not None and draft_spec.lower() in NO_DRAFT_MODEL:
         return target, None
     draft_device = draft_device or device
-    if draft_spec is None or draft_spec == target_spec:
-        base = load_model(target_spec, device=draft_device, dtype=dtype, progress=progress)
-    else:
-        base = load_model(draft_spec, device=draft_device, dtype=dtype, progress=progress)
-        check_compatible(target.tokenizer, base.tokenizer, target.model.config, base.model.config)
-    draft = quantize_model(base, quantization) if quantization != "none" else base
+    source = target_spec if draft_spec is None else draft_spec
+    draft = load_model(source, device=draft_device, dtype=dtype, progress=progress, quantization=quantization)
+    if source != target_spec:
+        check_compatible(target.tokenizer, draft.tokenizer, target.model.config, draft.model.config)
     return target, draft

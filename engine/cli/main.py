@@ -14,9 +14,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tandem {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
 
-    from engine.cli_bench import add_bench_parser
-    from engine.cli_chat import add_chat_parser
-    from engine.cli_models import add_models_parser
+    from engine.cli.bench import add_bench_parser
+    from engine.cli.chat import add_chat_parser
+    from engine.cli.models import add_models_parser
 
     add_chat_parser(subparsers)
     add_models_parser(subparsers)

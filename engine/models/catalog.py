@@ -12,8 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.builtin import BUILTIN_MODELS, BUILTIN_PREFIX, COMPLETE_MARKER, converted_dir, is_converted
 from engine.errors import TandemError
+from engine.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX, COMPLETE_MARKER, converted_dir, is_converted
 from engine.paths import models_cache_dir
 
 
@@ -116,7 +116,7 @@ def catalogue_entries() -> list[CatalogEntry]:
 
 
 def builtin_entries() -> list[CatalogEntry]:
-    from engine.builtin import builtin_gguf_path
+    from engine.models.builtin import builtin_gguf_path
 
     entries = []
     for model in BUILTIN_MODELS.values():
@@ -169,7 +169,7 @@ def hub_cache_entries() -> list[CatalogEntry]:
 
 
 def local_entries(paths) -> list[CatalogEntry]:
-    from engine.loading import spec_kind
+    from engine.models.loading import spec_kind
 
     entries = []
     for path in paths:
@@ -203,14 +203,14 @@ def list_models(local_paths=(), include_catalogue: bool = True) -> list[CatalogE
 
 @functools.lru_cache(maxsize=16)
 def _tokenizer(folder: Path):
-    from engine.loading import load_tokenizer
+    from engine.models.loading import load_tokenizer
 
     return load_tokenizer(folder)
 
 
 def can_draft(target: CatalogEntry, draft: CatalogEntry) -> tuple[bool, str]:
     """(ok, reason) for one candidate draft; reason says why not, or how it was decided."""
-    from engine.compat import compatibility
+    from engine.models.compat import compatibility
 
     if target.folder is not None and draft.folder is not None:
         ok, reason = compatibility(_tokenizer(target.folder), _tokenizer(draft.folder))

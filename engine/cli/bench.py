@@ -7,14 +7,14 @@ import platform
 import sys
 import time
 
-from engine.bench import HFSettings, Method
+from engine.bench.suite import HFSettings, Method
 from engine.errors import SettingsError
 
 DEFAULT_METHODS = "baseline,tandem,tandem-ngram,hf-assisted,hf-lookup,hf-plain"
 
 
 def add_bench_parser(subparsers) -> None:
-    from engine.cli_chat import add_model_options
+    from engine.cli.chat import add_model_options
 
     parser = subparsers.add_parser(
         "bench",
@@ -84,8 +84,8 @@ def needs_draft_model(methods: list[Method], kind: str) -> bool:
 
 
 def load_models(args, methods: list[Method]):
-    from engine.cli_chat import ProgressBar
-    from engine.pair import load_pair
+    from engine.cli.chat import ProgressBar
+    from engine.models.pair import load_pair
 
     kind = draft_kind(args.draft)
     draft_spec = args.draft if kind == "model" else "none"
@@ -107,7 +107,7 @@ def bench_config(args, prompts_path, prompts, methods, k_values, hf: HFSettings)
     import torch
     import transformers
 
-    from engine.bench import __doc__ as definitions
+    from engine.bench.suite import __doc__ as definitions
 
     return {
         "prompts_file": str(prompts_path),
@@ -158,8 +158,8 @@ def runner_extras(runners) -> dict[str, dict]:
 def run_bench(args) -> int:
     from tqdm import tqdm
 
-    from engine import bench
-    from engine.cli_chat import sampling_from_args
+    from engine.bench import suite as bench
+    from engine.cli.chat import sampling_from_args
 
     if args.plots and importlib.util.find_spec("matplotlib") is None:  # say so before an hour of benchmark
         raise SettingsError("--plots needs matplotlib, which this installation lacks: pip install matplotlib")
@@ -202,7 +202,7 @@ def run_bench(args) -> int:
     if args.json_path:
         print(f"report: {bench.write_report(report, args.json_path)}", file=sys.stderr)
     if args.plots:
-        from engine.bench_plots import write_plots
+        from engine.bench.plots import write_plots
 
         for path in write_plots(report, args.plots):
             print(f"plot: {path}", file=sys.stderr)

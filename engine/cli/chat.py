@@ -6,8 +6,8 @@ import argparse
 import sys
 import threading
 
-from engine.builtin import DEFAULT_TARGET
 from engine.events import Event, Failed, Finished, TextPiece
+from engine.models.builtin import DEFAULT_TARGET
 from engine.settings import SamplingSettings, SpeculationSettings
 
 
@@ -99,7 +99,7 @@ class ProgressBar:
 
 
 def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSettings):
-    from engine.pair import load_pair
+    from engine.models.pair import load_pair
     from engine.session import ChatEngine
 
     progress = ProgressBar()
@@ -202,7 +202,7 @@ class ConversationRecorder:
 
     @classmethod
     def open(cls, db_path: str, args) -> ConversationRecorder:
-        from engine.store import Store
+        from engine.store.database import Store
 
         store = Store(db_path)
         title = (args.message or "Terminal chat")[:60]

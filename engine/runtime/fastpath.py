@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.runner import ModelRunner
+from engine.models.loaded import context_length_of
+from engine.runtime.eager import ModelRunner
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 ProgressCallback = Callable[[str, int, int], None]
@@ -170,7 +171,7 @@ class FastRunner(ModelRunner):
         compile_mode: str | None = None,
     ):
         super().__init__(model, device)
-        limit = int(getattr(model.config, "max_position_embeddings", None) or 2048)
+        limit = context_length_of(model.config)
         self.max_seq_length = min(max_seq_length or 2048, limit)
         self.context_length = self.max_seq_length
         self.fast = FastLlama(model, self.max_seq_length).eval()
@@ -264,7 +265,7 @@ class FastRunner(ModelRunner):
             if missing:
                 self.notice = f"Running without compilation: {missing}."
                 return None
-        from engine.compile_cache import configure_inductor
+        from engine.runtime.compile_cache import configure_inductor
 
         configure_inductor(self.device)
         mode = self.compile_mode or (
@@ -378,8 +379,8 @@ if __name__ == "__main__":
     import argparse
     import json
 
-    from engine.builtin import DEFAULT_TARGET
-    from engine.loading import load_model
+    from engine.models.builtin import DEFAULT_TARGET
+    from engine.models.loading import load_model
 
     parser = argparse.ArgumentParser(description="Time FastRunner against transformers on one model.")
     parser.add_argument("spec", nargs="?", default=DEFAULT_TARGET)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from engine.catalog import CatalogEntry, drafts_for, list_models
+from engine.models.catalog import CatalogEntry, drafts_for, list_models
 
 
 def add_models_parser(subparsers) -> argparse.ArgumentParser:

@@ -13,13 +13,15 @@ import inspect
 
 import torch
 
+from engine.models.loaded import context_length_of
+
 
 class ModelRunner:
     def __init__(self, model, device: torch.device | None = None):
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.vocab_size = output_vocab_size(model)
-        self.context_length = int(getattr(model.config, "max_position_embeddings", None) or 2048)
+        self.context_length = context_length_of(model.config)
         self.cache = None
         self.cache_length = 0
         self.notice = ""  # why this runner is not the fastest path, for the user

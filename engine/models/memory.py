@@ -91,7 +91,7 @@ def estimate_weight_bytes(
     import torch
     from torch import nn
 
-    from engine.loading import resolve_dtype
+    from engine.models.loaded import resolve_dtype
 
     torch_device = torch.device(device)
     element_size = torch.empty((), dtype=resolve_dtype(dtype, torch_device)).element_size()
@@ -134,7 +134,7 @@ def kv_cache_bytes(config, context_length: int, dtype: Any = "float32", device: 
     """2 (K and V) x layers x kv_heads x head_dim x context x bytes per element."""
     import torch
 
-    from engine.loading import resolve_dtype
+    from engine.models.loaded import resolve_dtype
 
     config = getattr(config, "text_config", None) or config
     element_size = torch.empty((), dtype=resolve_dtype(dtype, torch.device(device))).element_size()
@@ -218,7 +218,7 @@ def estimate_memory(
     available: dict[str, int] | None = None,
 ) -> MemoryEstimate:
     """Weights and KV caches of both models against free memory, from configs alone."""
-    from engine.loading import resolve_device
+    from engine.models.loaded import resolve_device
 
     device = str(resolve_device(device))
     draft_device = str(resolve_device(draft_device)) if draft_device else device

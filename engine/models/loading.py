@@ -9,75 +9,21 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from engine.builtin import ProgressCallback, convert_gguf_to_folder, ensure_builtin, is_builtin, is_converted
 from engine.errors import ModelFormatError, ModelNotFoundError
-from engine.hub import download_model, looks_like_hub_id
+from engine.models.builtin import (
+    ProgressCallback,
+    convert_gguf_to_folder,
+    ensure_builtin,
+    is_builtin,
+    is_converted,
+)
+from engine.models.hub import download_model, looks_like_hub_id
+from engine.models.loaded import LoadedModel, resolve_device, resolve_dtype
 from engine.paths import models_cache_dir
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-@dataclass
-class LoadedModel:
-    spec: str
-    model: Any  # a transformers PreTrainedModel, in eval mode
-    tokenizer: Any
-    device: Any  # torch.device
-    dtype: Any  # torch.dtype of the activations
-    quantization: str = "none"  # "none", "int8" or "int4"
-    path: Path | None = None
-    info: dict = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.spec.removeprefix("builtin:") if self.path is None else self.path.name
-
-    @property
-    def context_length(self) -> int:
-        config = self.model.config
-        return int(getattr(config, "max_position_embeddings", None) or 2048)
-
-    @property
-    def eos_token_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for source in (self.model.generation_config, self.model.config, self.tokenizer):
-            value = getattr(source, "eos_token_id", None)
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, (list, tuple)):
-                ids.update(int(v) for v in value)
-        return ids
-
-
-def resolve_device(device: str = "auto"):
-    import torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device) -> Any:
-    import torch
-
-    if not isinstance(dtype, str):
-        return dtype
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    return {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }[dtype]
 
 
 # ---- sources ---------------------------------------------------------------------------------
@@ -244,11 +190,16 @@ def load_model(
     progress: ProgressCallback | None = None,
     quantization: str = "none",
 ) -> LoadedModel:
-    """Load model and tokenizer; `quantization` is "none", "int8" or "int4" (see engine.quantize)."""
+    """Load model and tokenizer; `quantization` is "none", "int8" or "int4" (see engine.models.quantize)."""
     from transformers import AutoModelForCausalLM
 
-    from engine.memory import model_memory_bytes, weight_bytes_from_model
-    from engine.quantize import cpu_int8_quantize, load_time_quantization, quantization_note, validate_mode
+    from engine.models.memory import model_memory_bytes, weight_bytes_from_model
+    from engine.models.quantize import (
+        cpu_int8_quantize,
+        load_time_quantization,
+        quantization_note,
+        validate_mode,
+    )
 
     validate_mode(quantization)
     folder = resolve_folder(spec, progress)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from engine.errors import DiskFullError, ImportFormatError, ReadOnlyStorageError, StorageError
-from engine.store import Store, utc_now
+from engine.store.database import Store, utc_now
 
 FORMAT = "tandem-conversations"
 FORMAT_VERSION = 1

@@ -1,0 +1,106 @@
+"""A smaller (or quantized) causal LM as the draft, with its own KV cache."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from engine.decoding.drafters.base import Cancelled, Draft, Drafter, common_prefix_length, empty_draft
+from engine.decoding.sampling import probs_from_logits, sample
+from engine.runtime.eager import ModelRunner
+from engine.settings import SamplingSettings
+
+
+class ModelDrafter(Drafter):
+    """A smaller causal LM (possibly quantized) with its own KV cache, sampling with the target's warpers."""
+
+    has_model = True
+
+    def __init__(self, runner: ModelRunner, target_vocab_size: int, name: str = "draft"):
+        self.runner = runner
+        self.target_vocab_size = target_vocab_size
+        self.name = f"model:{name}"
+        self.cached_tokens: list[int] = []  # a prefix of what the runner's cache holds
+        self._pending: tuple[list[int], int] | None = None  # (context, k) of the last proposal
+        self.begin(SamplingSettings(), None)
+
+    def begin(self, sampling, generator, cancel: threading.Event | None = None, p_min: float = 0.0) -> None:
+        self.sampling, self.generator, self.cancel, self.p_min = sampling, generator, cancel, p_min
+        self._pending = None
+
+    def reset(self) -> None:
+        self.runner.reset()
+        self.cached_tokens = []
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        k = min(k, self.runner.context_length - len(context))
+        if k <= 0:
+            return empty_draft(self.target_vocab_size, self.runner.device)
+        logits = self._catch_up(context)  # [V_draft]
+        tokens, probs = [], []
+        for i in range(k):
+            if self.p_min > 0 and self._confidence(logits) < self.p_min:
+                break
+            if self.sampling.greedy:
+                token = logits[: self.target_vocab_size].argmax()  # []
+            else:
+                draft_probs = self._target_width(probs_from_logits(logits, self.sampling))  # [V]
+                token = sample(draft_probs, self.generator)  # []
+                probs.append(draft_probs)
+            tokens.append(token)
+            if i + 1 < k:
+                self._check_cancel()
+                logits = self.runner.forward(token.view(1))[-1]
+        self._pending = (context, len(tokens))
+        if not tokens:
+            return empty_draft(self.target_vocab_size, self.runner.device)
+        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+
+    def prefill(self, context: list[int]) -> None:
+        if len(context) > 1:
+            self._catch_up(context)
+
+    def update(self, accepted: list[int]) -> None:
+        """The cache holds context + draft[:k-1]; keep context + the accepted part of that."""
+        if self._pending is None:
+            return
+        context, k = self._pending
+        self._pending = None
+        kept = context + accepted[: max(k - 1, 0)]
+        self.runner.rollback(len(kept))
+        self.cached_tokens = kept
+
+    def _catch_up(self, context: list[int]) -> torch.Tensor:
+        """Bring the cache to exactly `context` (reusing the longest common prefix); the last logits: [V]."""
+        keep = min(
+            common_prefix_length(self.cached_tokens, context), len(context) - 1, self.runner.cache_length
+        )
+        self.runner.rollback(keep)
+        self._check_cancel()
+        started = time.perf_counter()
+        logits = self.runner.prefill(context[keep:])
+        # A round's catch-up reads at most the last accepted token and the target's own token; more
+        # means the drafter sat out plain rounds (or is reading a new prompt).
+        if len(context) - keep > 2:
+            self.runner.synchronize()
+            self.catch_up_s += time.perf_counter() - started
+        self.cached_tokens = list(context)
+        return logits
+
+    def _target_width(self, probs: torch.Tensor) -> torch.Tensor:
+        """Pads or cuts the draft vocabulary to the target's (they may differ by padding rows)."""
+        extra = self.target_vocab_size - probs.size(-1)
+        if extra > 0:
+            return torch.nn.functional.pad(probs, (0, extra))
+        return probs[..., : self.target_vocab_size] if extra < 0 else probs
+
+    def _confidence(self, logits: torch.Tensor) -> float:
+        """The draft's top probability (after the warpers when sampling)."""
+        probs = logits.softmax(-1) if self.sampling.greedy else probs_from_logits(logits, self.sampling)
+        return float(probs.max())  # a host sync per draft step, only when p_min is on
+
+    def _check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled

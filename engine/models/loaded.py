@@ -1,0 +1,72 @@
+"""A loaded model and the device/dtype helpers; imports nothing else from the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONTEXT = 2048  # for configs that do not name their context length
+
+
+@dataclass
+class LoadedModel:
+    spec: str
+    model: Any  # a transformers PreTrainedModel, in eval mode
+    tokenizer: Any
+    device: Any  # torch.device
+    dtype: Any  # torch.dtype of the activations
+    quantization: str = "none"  # "none", "int8" or "int4"
+    path: Path | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.removeprefix("builtin:") if self.path is None else self.path.name
+
+    @property
+    def context_length(self) -> int:
+        return context_length_of(self.model.config)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.model.generation_config, self.model.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+
+def resolve_device(device: str = "auto"):
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device) -> Any:
+    import torch
+
+    if not isinstance(dtype, str):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }[dtype]
+
+
+def context_length_of(config) -> int:
+    """The context a model's config declares, or DEFAULT_CONTEXT where it names none."""
+    return int(getattr(config, "max_position_embeddings", None) or DEFAULT_CONTEXT)

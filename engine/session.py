@@ -16,6 +16,7 @@ from engine.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraf
 from engine.decoding.speculative import generate
 from engine.errors import ContextOverflowError, IncompatibleDraftError
 from engine.events import Event, Failed, Finished
+from engine.models.chat_template import chat_prompt_ids
 from engine.models.loaded import LoadedModel
 from engine.runtime.eager import output_vocab_size
 from engine.runtime.fastpath import make_runner
@@ -90,12 +91,7 @@ class ChatEngine:
         return self.generate_ids(self.prompt_ids(messages), on_event, cancel)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        tokenizer = self.target.tokenizer
-        if getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        else:  # a base model without a template
-            text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages) + "Assistant:"
-        return list(tokenizer(text, add_special_tokens=False).input_ids)
+        return chat_prompt_ids(self.target.tokenizer, messages)
 
     def generate_ids(
         self,
@@ -130,29 +126,44 @@ class ChatEngine:
             self._cached_tokens = list(prompt_ids) + list(finished.token_ids)
             return finished
 
-    def calibrate(self) -> float:
+    def calibrate(self, progress=None, use_cache: bool = True) -> float:
         """Seconds per plain target step (one token, warm cache) on this device; measured once per engine.
 
         Also measures the target's forward time over 2, 4 and 8 new tokens, which adaptive K starts from.
+        The curve is kept per machine and model (engine/runtime/calibration.py), so a second start reads
+        it back; `progress("Measuring this machine", 0, 1)` is reported only when it is measured.
         """
         if self._step_time_s is None:
+            from engine.runtime import calibration
+
             # Measured on the engine's own runner, so the figures are those of the path that generates.
             runner = self._runner
-            vocab = runner.vocab_size
-            runner.reset()
-            self._cached_tokens = []
-            runner.prefill([(1000 + i) % vocab for i in range(CALIBRATION_TOKENS)])
-            self._verify_curve = VerifyCostCurve().measure(runner, CALIBRATION_SIZES)
+            key = calibration.calibration_key(self.target, runner)
+            stored = calibration.load(key) if use_cache else None
+            if stored is not None:
+                self._verify_curve = VerifyCostCurve()
+                self._verify_curve.seconds = stored
+            else:
+                if progress is not None:
+                    progress("Measuring this machine", 0, 1)
+                vocab = runner.vocab_size
+                runner.reset()
+                self._cached_tokens = []
+                runner.prefill([(1000 + i) % vocab for i in range(CALIBRATION_TOKENS)])
+                self._verify_curve = VerifyCostCurve().measure(runner, CALIBRATION_SIZES)
+                runner.reset()
+                calibration.save(key, self._verify_curve.seconds)
             self._step_time_s = self._verify_curve.seconds[1]
-            runner.reset()
         return self._step_time_s
 
     def prepare(self, progress=None) -> None:
-        """Compiles the target's (and draft's) forwards ahead of the first reply, when compilation is on."""
+        """Work before the first reply, so that it does not wait: compiles the forwards (when compilation
+        is on), then measures the verify cost (or reads it back from an earlier start)."""
         with self._lock:
             for runner in (self._runner, getattr(self._model_drafter, "runner", None)):
                 if runner is not None and getattr(runner, "is_compiled", False):
                     runner.warm_up(progress=progress)
+            self.calibrate(progress)
 
     @property
     def notices(self) -> list[str]:

@@ -7,7 +7,11 @@ from collections import Counter
 
 import pytest
 
-from engine.bench import suite as bench
+from engine.bench import methods as bench_methods
+from engine.bench import prompts as bench_prompts
+from engine.bench import records as bench_records
+from engine.bench import report as bench_report
+from engine.bench import suite as bench_suite
 from engine.errors import PromptFileError, SettingsError
 
 REQUIRED_FIELDS = (
@@ -36,10 +40,10 @@ def good_line(question_id=1, category="chat", turns=("Hello?",)) -> str:
 
 def test_loads_mt_bench_format_and_skips_blank_lines(tmp_path):
     path = write_lines(tmp_path, [good_line(81, "writing", ["a", "b"]), "", good_line("q2", "math"), "   "])
-    prompts = bench.load_prompts(path)
+    prompts = bench_prompts.load_prompts(path)
     assert prompts == [
-        bench.BenchPrompt(81, "writing", ("a", "b")),
-        bench.BenchPrompt("q2", "math", ("Hello?",)),
+        bench_prompts.BenchPrompt(81, "writing", ("a", "b")),
+        bench_prompts.BenchPrompt("q2", "math", ("Hello?",)),
     ]
 
 
@@ -61,7 +65,7 @@ def test_loads_mt_bench_format_and_skips_blank_lines(tmp_path):
 def test_malformed_line_is_refused_with_its_number(tmp_path, bad, why):
     path = write_lines(tmp_path, [good_line(1), "", bad, good_line(3)])
     with pytest.raises(PromptFileError) as caught:
-        bench.load_prompts(path)
+        bench_prompts.load_prompts(path)
     message = str(caught.value)
     assert "line 3" in message
     assert why in message
@@ -70,15 +74,15 @@ def test_malformed_line_is_refused_with_its_number(tmp_path, bad, why):
 
 def test_missing_and_empty_files_are_refused(tmp_path):
     with pytest.raises(PromptFileError, match="No prompt file"):
-        bench.load_prompts(tmp_path / "absent.jsonl")
+        bench_prompts.load_prompts(tmp_path / "absent.jsonl")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
     with pytest.raises(PromptFileError, match="no prompts"):
-        bench.load_prompts(empty)
+        bench_prompts.load_prompts(empty)
 
 
 def test_builtin_prompt_set_covers_the_categories():
-    prompts = bench.load_prompts(bench.default_prompts_path())
+    prompts = bench_prompts.load_prompts(bench_prompts.default_prompts_path())
     assert len(prompts) >= 40
     counts = Counter(p.category for p in prompts)
     assert set(counts) == CATEGORIES
@@ -91,54 +95,56 @@ def test_builtin_prompt_set_covers_the_categories():
 
 
 def test_limit_takes_categories_in_turn_and_categories_filter():
-    prompts = [bench.BenchPrompt(i, cat, ("x",)) for i, cat in enumerate("aaabbc")]
-    assert [p.category for p in bench.select_prompts(prompts, limit=3)] == ["a", "b", "c"]
-    assert [p.question_id for p in bench.select_prompts(prompts, limit=4)] == [0, 3, 5, 1]
-    assert [p.question_id for p in bench.select_prompts(prompts, ["b"])] == [3, 4]
-    assert len(bench.select_prompts(prompts, limit=100)) == 6
+    prompts = [bench_prompts.BenchPrompt(i, cat, ("x",)) for i, cat in enumerate("aaabbc")]
+    assert [p.category for p in bench_prompts.select_prompts(prompts, limit=3)] == ["a", "b", "c"]
+    assert [p.question_id for p in bench_prompts.select_prompts(prompts, limit=4)] == [0, 3, 5, 1]
+    assert [p.question_id for p in bench_prompts.select_prompts(prompts, ["b"])] == [3, 4]
+    assert len(bench_prompts.select_prompts(prompts, limit=100)) == 6
     with pytest.raises(SettingsError, match="No prompts in category z"):
-        bench.select_prompts(prompts, ["z"])
+        bench_prompts.select_prompts(prompts, ["z"])
     with pytest.raises(SettingsError):
-        bench.select_prompts(prompts, limit=0)
+        bench_prompts.select_prompts(prompts, limit=0)
 
 
 # ---- methods -----------------------------------------------------------------------------------
 
 
 def test_k_sweep_names_one_tandem_method_per_k():
-    ks = bench.parse_k_values(["2", "4", "adaptive", "4"])
+    ks = bench_methods.parse_k_values(["2", "4", "adaptive", "4"])
     assert ks == [2, 4, None]
-    names = [m.name for m in bench.expand_methods(["baseline", "tandem", "hf-plain"], ks)]
+    names = [m.name for m in bench_methods.expand_methods(["baseline", "tandem", "hf-plain"], ks)]
     assert names == ["baseline", "tandem[k=2]", "tandem[k=4]", "tandem[k=adaptive]", "hf-plain"]
-    single = bench.expand_methods(["tandem", "tandem-ngram"], [4])
+    single = bench_methods.expand_methods(["tandem", "tandem-ngram"], [4])
     assert [(m.name, m.k) for m in single] == [("tandem", 4), ("tandem-ngram", 4)]
-    assert bench.parse_k_values(None) == [None]
+    assert bench_methods.parse_k_values(None) == [None]
 
 
 @pytest.mark.parametrize("bad", [["0"], ["17"], ["fast"]])
 def test_bad_k_is_refused(bad):
     with pytest.raises(SettingsError, match="--k"):
-        bench.parse_k_values(bad)
+        bench_methods.parse_k_values(bad)
 
 
 def test_unknown_method_is_refused():
     with pytest.raises(SettingsError, match="Unknown method vllm"):
-        bench.expand_methods(["baseline", "vllm"], [None])
+        bench_methods.expand_methods(["baseline", "vllm"], [None])
 
 
 # ---- aggregation on synthetic records ---------------------------------------------------------
 
 
 def make_record(question_id, category, method, tokens, time_s, ttft_s, rounds=(), token_ids=None):
-    tally = bench.Tally(calls=1, generated_tokens=tokens, time_s=time_s, ttft_sum_s=ttft_s, ttft_count=1)
+    tally = bench_records.Tally(
+        calls=1, generated_tokens=tokens, time_s=time_s, ttft_sum_s=ttft_s, ttft_count=1
+    )
     for drafted, accepted in rounds:
         tally.record_round(drafted, accepted)
     ids = token_ids if token_ids is not None else [[question_id] * tokens]
-    return bench.PromptRecord(question_id, category, method, ids, tally)
+    return bench_records.PromptRecord(question_id, category, method, ids, tally)
 
 
 def synthetic_report():
-    methods = bench.expand_methods(["baseline", "tandem", "hf-plain"], [2, None])
+    methods = bench_methods.expand_methods(["baseline", "tandem", "hf-plain"], [2, None])
     records = [
         make_record(1, "chat", "baseline", 10, 2.0, 0.2),
         make_record(1, "chat", "tandem[k=2]", 10, 1.0, 0.3, [(2, 2), (2, 1), (2, 0)]),
@@ -149,7 +155,7 @@ def synthetic_report():
         make_record(2, "rag", "tandem[k=adaptive]", 20, 0.8, 0.5, [(4, 3)] * 5),
         make_record(2, "rag", "hf-plain", 20, 4.0, 0.6),
     ]
-    return bench.build_report({"max_new_tokens": 20}, records, methods, greedy=True)
+    return bench_report.build_report({"max_new_tokens": 20}, records, methods, greedy=True)
 
 
 def test_report_schema_is_filled():
@@ -203,14 +209,14 @@ def test_acceptance_identity_and_ttft():
 
 
 def test_no_identity_when_sampling():
-    methods = bench.expand_methods(["baseline", "tandem"], [None])
+    methods = bench_methods.expand_methods(["baseline", "tandem"], [None])
     records = [make_record(1, "chat", "baseline", 5, 1.0, 0.1), make_record(1, "chat", "tandem", 5, 1.0, 0.1)]
-    report = bench.build_report({}, records, methods, greedy=False)
+    report = bench_report.build_report({}, records, methods, greedy=False)
     assert report["methods"]["tandem"]["greedy_identical"] is None
 
 
 def test_alpha_counts_positions_reached():
-    tally = bench.Tally()
+    tally = bench_records.Tally()
     tally.record_round(4, 2)  # positions 0,1 accepted, 2 rejected, 3 never decided
     tally.record_round(4, 4)
     tally.record_round(0, 0)  # a plain step
@@ -234,7 +240,7 @@ def test_tally_from_engine_stats():
         k_history=[4, 4, 0],
         draft_time_s=0.8,
     )
-    tally = bench.tally_from_stats(stats)
+    tally = bench_records.tally_from_stats(stats)
     assert tally.position_reached == [2, 2, 2, 1]
     assert tally.alpha == pytest.approx(6 / 7)
     assert tally.k_counts == Counter({4: 2, 0: 1})
@@ -243,7 +249,7 @@ def test_tally_from_engine_stats():
 
 def test_table_prints_each_method_and_its_numbers():
     report = synthetic_report()
-    table = bench.format_table(report)
+    table = bench_report.format_table(report)
     for name, method in report["methods"].items():
         line = next(line for line in table.splitlines() if line.startswith(name + " "))
         assert f"{method['tokens_per_s']:.2f}" in line
@@ -282,14 +288,18 @@ def test_hf_methods_match_tandem_baseline_on_a_tiny_model(make_tiny):
 
     target, draft = make_tiny(seed=0), make_tiny(seed=0)  # the draft is an exact copy: all drafts accepted
     sampling = SamplingSettings(max_new_tokens=12)
-    methods = bench.expand_methods(["baseline", "tandem", "hf-assisted", "hf-lookup", "hf-plain"], [3])
-    runners = bench.build_runners(methods, target, draft, "model", sampling, bench.HFSettings())
+    methods = bench_methods.expand_methods(
+        ["baseline", "tandem", "hf-assisted", "hf-lookup", "hf-plain"], [3]
+    )
+    runners = bench_methods.build_runners(
+        methods, target, draft, "model", sampling, bench_methods.HFSettings()
+    )
     prompts = [
-        bench.BenchPrompt(1, "chat", ("Hello there", "And again")),
-        bench.BenchPrompt(2, "qa", ("Why?",)),
+        bench_prompts.BenchPrompt(1, "chat", ("Hello there", "And again")),
+        bench_prompts.BenchPrompt(2, "qa", ("Why?",)),
     ]
-    records = bench.run_benchmark(runners, prompts, target.tokenizer)
-    report = bench.build_report({}, records, methods, greedy=True)
+    records = bench_suite.run_benchmark(runners, prompts, target.tokenizer)
+    report = bench_report.build_report({}, records, methods, greedy=True)
     methods_section = report["methods"]
     for name in ("tandem", "hf-assisted", "hf-lookup", "hf-plain"):
         assert methods_section[name]["greedy_identical"] == 1.0, name
@@ -306,14 +316,14 @@ def test_hf_methods_match_tandem_baseline_on_a_tiny_model(make_tiny):
 def test_hf_assisted_without_a_draft_model_is_refused(make_tiny):
     from engine.settings import SamplingSettings
 
-    (method,) = bench.expand_methods(["hf-assisted"], [None])
+    (method,) = bench_methods.expand_methods(["hf-assisted"], [None])
     with pytest.raises(SettingsError, match="hf-assisted needs a draft model"):
-        bench.HFRunner(method, make_tiny(), None, SamplingSettings(), bench.HFSettings())
+        bench_methods.HFRunner(method, make_tiny(), None, SamplingSettings(), bench_methods.HFSettings())
 
 
 def test_round_recorder_restores_the_model(make_tiny):
     model = make_tiny().model
-    with bench.RoundRecorder(model):
+    with bench_methods.RoundRecorder(model):
         assert "_get_candidate_generator" in vars(model)
     assert "_get_candidate_generator" not in vars(model)
 

@@ -7,7 +7,7 @@ import platform
 import sys
 import time
 
-from engine.bench.suite import HFSettings, Method
+from engine.bench.methods import HFSettings, Method
 from engine.errors import SettingsError
 
 DEFAULT_METHODS = "baseline,tandem,tandem-ngram,hf-assisted,hf-lookup,hf-plain"
@@ -90,7 +90,6 @@ def load_models(args, methods: list[Method]):
     kind = draft_kind(args.draft)
     draft_spec = args.draft if kind == "model" else "none"
     if kind != "model" and any(m.kind == "hf-assisted" for m in methods):
-
         raise SettingsError(f"hf-assisted needs a draft model, but --draft is '{args.draft}'.")
     if not needs_draft_model(methods, kind):
         draft_spec = "none"
@@ -158,16 +157,19 @@ def runner_extras(runners) -> dict[str, dict]:
 def run_bench(args) -> int:
     from tqdm import tqdm
 
-    from engine.bench import suite as bench
+    from engine.bench import methods as bench_methods
+    from engine.bench import prompts as bench_prompts
+    from engine.bench import report as bench_report
+    from engine.bench import suite as bench_suite
     from engine.cli.chat import sampling_from_args
 
     if args.plots and importlib.util.find_spec("matplotlib") is None:  # say so before an hour of benchmark
         raise SettingsError("--plots needs matplotlib, which this installation lacks: pip install matplotlib")
-    prompts_path = args.prompts or bench.default_prompts_path()
+    prompts_path = args.prompts or bench_prompts.default_prompts_path()
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
-    prompts = bench.select_prompts(bench.load_prompts(prompts_path), categories, args.limit)
-    k_values = bench.parse_k_values(args.k)
-    methods = bench.expand_methods(chosen_method_kinds(args), k_values)
+    prompts = bench_prompts.select_prompts(bench_prompts.load_prompts(prompts_path), categories, args.limit)
+    k_values = bench_methods.parse_k_values(args.k)
+    methods = bench_methods.expand_methods(chosen_method_kinds(args), k_values)
     args.top_k, args.top_p = 0, 1.0
     sampling = sampling_from_args(args)
     hf = HFSettings(
@@ -177,11 +179,10 @@ def run_bench(args) -> int:
     )
     hf.validate()
     if args.warmup < 0:
-
         raise SettingsError(f"--warmup must be 0 or more, not {args.warmup}.")
 
     target, draft = load_models(args, methods)
-    runners = bench.build_runners(
+    runners = bench_methods.build_runners(
         methods, target, draft, draft_kind(args.draft), sampling, hf, args.max_k, compiled=args.compiled
     )
     total = len(runners) * (args.warmup + len(prompts))
@@ -192,15 +193,15 @@ def run_bench(args) -> int:
             bar.update(1)
 
         bar.set_description("warm-up")
-        bench.warm_up(runners, prompts[0], target.tokenizer, args.warmup, step)
+        bench_suite.warm_up(runners, prompts[0], target.tokenizer, args.warmup, step)
         bar.set_description("bench")
-        records = bench.run_benchmark(runners, prompts, target.tokenizer, step)
+        records = bench_suite.run_benchmark(runners, prompts, target.tokenizer, step)
 
     config = bench_config(args, prompts_path, prompts, methods, k_values, hf)
-    report = bench.build_report(config, records, methods, sampling.greedy, runner_extras(runners))
-    print(bench.format_table(report))
+    report = bench_report.build_report(config, records, methods, sampling.greedy, runner_extras(runners))
+    print(bench_report.format_table(report))
     if args.json_path:
-        print(f"report: {bench.write_report(report, args.json_path)}", file=sys.stderr)
+        print(f"report: {bench_report.write_report(report, args.json_path)}", file=sys.stderr)
     if args.plots:
         from engine.bench.plots import write_plots
 

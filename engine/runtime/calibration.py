@@ -1,0 +1,124 @@
+"""The verify-cost calibration, kept on disk per machine and model so a second start does not repeat it.
+
+Measuring t(n), the target's forward time over n new tokens, takes seconds on a CPU (tens of
+seconds on a busy one). The figures depend on the machine (CPU flags, core count, torch version,
+device) and on the model's shape and precision, not on its weights, so that is the key:
+
+    machine: platform, CPU model and flags, torch version and threads, the device (and GPU name)
+    model:   sha256 of the architecture config, the activation dtype, the quantization, the runner
+
+One JSON file in the cache dir maps sha256(key) -> {"seconds": {n: s}, "measured_at": epoch}.
+Entries older than MAX_AGE_S are measured again. Writes are atomic (temp file, then rename); a file
+that cannot be read is treated as empty, so a damaged cache only costs one new measurement.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+from engine.paths import cache_dir
+
+FILE_NAME = "calibration.json"
+MAX_AGE_S = 7 * 24 * 3600
+VERSION = 1  # bump when what is measured changes
+
+
+def cache_path() -> Path:
+    return cache_dir() / FILE_NAME
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_description() -> str:
+    """CPU model name and feature flags (Linux: /proc/cpuinfo), else what platform tells."""
+    model, flags = platform.processor(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            name = name.strip()
+            if name == "model name" and not model.strip():
+                model = value.strip()
+            elif name in ("flags", "Features") and not flags:
+                flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return f"{model}|{flags}"
+
+
+def machine_key(device) -> dict:
+    """What makes timings on this machine differ from another's."""
+    import torch
+
+    key = {
+        "platform": f"{platform.system()}-{platform.machine()}",
+        "cpu": hashlib.sha256(_cpu_description().encode()).hexdigest()[:16],
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if getattr(device, "type", None) == "cuda":
+        key["gpu"] = torch.cuda.get_device_name(device)
+    return key
+
+
+def model_key(loaded, runner) -> dict:
+    """The model as far as its speed goes: architecture, precision, quantization and runner kind."""
+    config = loaded.model.config
+    architecture = (
+        config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    )
+    return {
+        "config": hashlib.sha256(architecture.encode()).hexdigest()[:16],
+        "dtype": str(loaded.dtype),
+        "quantization": loaded.quantization,
+        "runner": type(runner).__name__,
+        "compiled": bool(getattr(runner, "is_compiled", False)),
+    }
+
+
+def calibration_key(loaded, runner) -> str:
+    key = {"version": VERSION, "machine": machine_key(loaded.device), "model": model_key(loaded, runner)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load(key: str, path: Path | None = None, now: float | None = None) -> dict[int, float] | None:
+    """The stored curve {n: seconds} for key, or None when absent, stale or malformed."""
+    entry = _read(path or cache_path()).get(key)
+    now = time.time() if now is None else now
+    try:
+        if now - float(entry["measured_at"]) > MAX_AGE_S:
+            return None
+        seconds = {int(n): float(s) for n, s in entry["seconds"].items()}
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return None
+    return seconds if seconds.get(1, 0) > 0 else None
+
+
+def save(key: str, seconds: dict[int, float], path: Path | None = None) -> None:
+    """Store one curve; other keys in the file are kept. Never raises for a read-only cache."""
+    path = path or cache_path()
+    data = _read(path)
+    data[key] = {"seconds": {str(n): s for n, s in sorted(seconds.items())}, "measured_at": time.time()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp = tempfile.mkstemp(prefix=".calibration-", dir=path.parent)
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump(data, file, indent=1)
+        os.replace(temp, path)
+    except OSError:
+        pass  # the next start measures again

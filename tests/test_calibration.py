@@ -1,0 +1,77 @@
+"""The verify-cost calibration runs before the first reply, shows as a state, and is kept per machine and model."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from engine.runtime import calibration
+from engine.session import ChatEngine
+from engine.settings import SamplingSettings
+
+
+@pytest.fixture
+def cache_file(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    monkeypatch.setattr(calibration, "cache_path", lambda: path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def target(make_tiny):
+    return make_tiny(seed=0)
+
+
+def stages_of(engine: ChatEngine) -> list[str]:
+    stages = []
+    engine.prepare(lambda stage, done, total: stages.append(stage))
+    return stages
+
+
+def test_prepare_measures_once_and_a_second_start_reads_it_back(cache_file, target):
+    first = ChatEngine(target)
+    assert stages_of(first) == ["Measuring this machine"]
+    assert cache_file.is_file()
+    stored = json.loads(cache_file.read_text())
+    assert len(stored) == 1
+
+    second = ChatEngine(target)  # a restart: a new engine on the same machine and model
+    assert stages_of(second) == []
+    assert second.calibrate() == first.calibrate()
+
+
+def test_the_first_reply_does_not_calibrate_after_prepare(cache_file, target, monkeypatch):
+    engine = ChatEngine(target, sampling=SamplingSettings(max_new_tokens=3))
+    engine.prepare()
+    measured = []
+    monkeypatch.setattr(calibration, "save", lambda *args, **kwargs: measured.append(args))
+    engine.generate_ids([5, 6, 7])
+    assert measured == []
+
+
+def test_the_key_follows_precision_and_quantization(target):
+    from engine.runtime.eager import ModelRunner
+
+    runner = ModelRunner(target.model, target.device)
+    key = calibration.calibration_key(target, runner)
+    assert calibration.calibration_key(target, runner) == key
+    import dataclasses
+
+    import torch
+
+    assert calibration.calibration_key(dataclasses.replace(target, dtype=torch.bfloat16), runner) != key
+    assert calibration.calibration_key(dataclasses.replace(target, quantization="int8"), runner) != key
+
+
+def test_stale_damaged_or_empty_entries_are_measured_again(tmp_path):
+    path = tmp_path / "calibration.json"
+    calibration.save("k", {1: 0.01, 2: 0.015}, path)
+    assert calibration.load("k", path) == {1: 0.01, 2: 0.015}
+    assert calibration.load("k", path, now=time.time() + calibration.MAX_AGE_S + 1) is None
+    assert calibration.load("other", path) is None
+    path.write_text("{not json")
+    assert calibration.load("k", path) is None
+    calibration.save("k", {1: 0.0}, path)  # a zero step time is not a measurement
+    assert calibration.load("k", path) is None

@@ -345,7 +345,7 @@ def test_settings_apply_without_restart(qtbot, store):
     window.apply_config(changed)
     send(qtbot, window, "hi")
     assert len(calls) == 1, "sampling and K changes must not reload models"
-    assert engine.speculation.k == 5 and engine.decoding.sampling.temperature == 0.7
+    assert engine.speculation.k == 5 and engine.sampling.temperature == 0.7
     assert AppConfig.load(store).k == 5
 
     with qtbot.waitSignal(window.models_loaded, timeout=5000):

@@ -54,7 +54,7 @@ def test_second_turn_prefills_only_new_tokens_and_equals_plain_greedy(target, dr
 def test_settings_are_read_at_each_call(target):
     engine = ChatEngine(target)
     messages = [{"role": "user", "content": "Hi"}]
-    engine.decoding.sampling = SamplingSettings(max_new_tokens=5)
+    engine.sampling = SamplingSettings(max_new_tokens=5)
     engine.speculation = SpeculationSettings(drafter="none")
     finished = engine.respond(messages)
     assert finished.stats.drafter == "none" and len(finished.token_ids) <= 5

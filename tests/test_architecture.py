@@ -1,0 +1,125 @@
+"""The engine's shape, read from the source: what may import what, and how big a module may grow."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH_FREE = (
+    "engine.errors", "engine.paths", "engine.settings", "engine.events", "engine.stats", "engine.backend",
+)  # fmt: skip
+MAX_LINES = 450
+LONG_REASON = "Longer than usual because"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, at top level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def engine_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in (ROOT / "engine").rglob("*.py")}
+    return {
+        name: {m for m in imported_modules(path) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, result = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                result.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return result
+
+
+def test_no_import_cycle_inside_engine():
+    graph = engine_graph()
+    assert "engine.session" in graph and graph["engine.session"], "the graph reader found no imports"
+    assert cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_engine_never_imports_qt():
+    offenders = {
+        module_name(path): sorted(m for m in imported_modules(path) if m.split(".")[0] in ("PySide6", "app"))
+        for path in (ROOT / "engine").rglob("*.py")
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_app_imports_qt_only_through_its_seam():
+    offenders = {
+        module_name(path): sorted(m for m in imported_modules(path) if m.startswith("PySide6"))
+        for path in (ROOT / "app").rglob("*.py")
+        if path.name != "qt.py"
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_gui_modules_import_neither_torch_nor_transformers():
+    """What the GUI thread imports at start-up stays torch-free; the worker imports torch."""
+    code = (
+        "import sys\n"
+        f"import {', '.join(TORCH_FREE)}\n"
+        "import app.main, app.main_window\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={"QT_QPA_PLATFORM": "offscreen", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_modules_stay_small_or_say_why():
+    too_long = []
+    for path in list((ROOT / "engine").rglob("*.py")) + list((ROOT / "app").rglob("*.py")):
+        lines = path.read_text().count("\n")
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if lines > MAX_LINES and LONG_REASON not in docstring:
+            too_long.append(f"{module_name(path)}: {lines} lines")
+    assert too_long == []

@@ -15,7 +15,7 @@ from app.config import AppConfig
 from app.qt import Qt, QtCore, QtGui, QTimer, QtWidgets, Signal, Slot
 from app.sidebar import Sidebar
 from app.stats_panel import StatsPanel
-from engine.store.database import ThrottledUpdater
+from engine.store.streaming import ThrottledUpdater
 
 WINDOW_KEY = "main_window"
 UPDATE_INTERVAL_S = 0.5

@@ -63,6 +63,10 @@ class SchemaTooNewError(StorageError):
         self.supported = supported
 
 
+class InvalidTextError(TandemError):
+    """Text that is not valid Unicode (invalid UTF-8 bytes, a lone surrogate) or holds a NUL character."""
+
+
 class ImportFormatError(StorageError):
     """A file given to import is not a Tandem export."""
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.store.database import Store, ThrottledUpdater  # noqa: E402
+from engine.store.database import Store  # noqa: E402
+from engine.store.streaming import ThrottledUpdater  # noqa: E402
 
 ALPHABET = "abcdefghij klmnopqrstuvwxyz \n.,;é漢字🙂 ÄÖÜß→∑"
 MAX_PIECE = 12
@@ -58,7 +59,7 @@ def main() -> None:
     message_id = store.begin_assistant(conversation_id, parent_id=user_id, meta={"drafter": "fake"})
     record(f"A {message_id}", sync=True)
 
-    updater = ThrottledUpdater(store, message_id, interval=interval)
+    updater = ThrottledUpdater(store, message_id, interval=interval, on_commit=lambda n: record(f"C {n}", sync=True))
     produced = 0
     deadline = time.monotonic() + STREAM_SECONDS
     for piece in pieces(seed):
@@ -66,8 +67,7 @@ def main() -> None:
             break
         produced += len(piece)
         record(f"P {time.monotonic():.6f} {produced}")
-        if updater.append(piece):
-            record(f"C {updater.committed_chars}", sync=True)
+        updater.append(piece)
         time.sleep(piece_delay)
     updater.finish("complete", stats={"tokens_per_s": 0.0}, token_count=produced)
     record("F", sync=True)

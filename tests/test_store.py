@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 import sqlite_utils
@@ -25,8 +29,10 @@ from engine.errors import (
     StorageError,
 )
 from engine.store import export as store_export
-from engine.store.database import SCHEMA_VERSION, Store, ThrottledUpdater, migrate
+from engine.store.database import SCHEMA_VERSION, Store, migrate
+from engine.store.streaming import ThrottledUpdater
 
+ROOT = Path(__file__).resolve().parents[1]
 HYPOTHESIS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -210,38 +216,89 @@ def test_streaming_reply_is_updated_then_finished(store):
         store.finish_message(mid, "streaming")
 
 
-def test_throttled_updater_commits_at_most_every_interval(store):
-    now = [0.0]
+def test_throttled_updater_commits_on_its_own_within_the_interval(store):
+    """No caller timer: a piece that is not followed by any other is still committed."""
     cid = store.create_conversation()
     mid = store.begin_assistant(cid)
-    updater = ThrottledUpdater(store, mid, interval=0.5, clock=lambda: now[0])
-    committed = []
-    for step in range(20):
-        now[0] = step * 0.1
-        if updater.append(f"{step},"):
-            committed.append(step)
-    assert committed == [5, 10, 15]
-    assert store.get_message(mid).content == "".join(f"{s}," for s in range(16))
+    commits = []
+    updater = ThrottledUpdater(store, mid, interval=0.05, on_commit=commits.append)
+    updater.append("only piece")
+    assert updater.flush(timeout=30)  # waits for the updater's own thread, which commits by itself
+    assert store.get_message(mid).content == "only piece"
+    updater.append(", and more")
+    deadline = threading.Event()
+    for _ in range(600):  # the updater's thread commits without any further call
+        if store.get_message(mid).content == "only piece, and more":
+            break
+        deadline.wait(0.05)
+    assert store.get_message(mid).content == "only piece, and more"
+    assert commits[-1] == len("only piece, and more")
     updater.finish("complete", stats={"tokens_per_s": 1.0}, token_count=20)
     message = store.get_message(mid)
-    assert message.content == "".join(f"{s}," for s in range(20))
+    assert message.content == "only piece, and more"
     assert (message.status, message.token_count, message.stats) == ("complete", 20, {"tokens_per_s": 1.0})
 
 
-def test_reopening_turns_streaming_into_interrupted(tmp_path):
+WRITER = """
+import sys
+from engine.store.database import Store
+with Store(sys.argv[1]) as s:
+    cid = s.create_conversation()
+    s.add_message(cid, "user", "go")
+    mid = s.begin_assistant(cid)
+    s.update_streaming(mid, "half a rep")
+    print(mid, flush=True)
+    sys.stdin.readline()  # stays alive, writing, until told to go on
+    s.update_streaming(mid, "half a reply, still written")
+"""
+
+
+def _writer(path):
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    return process, int(process.stdout.readline())
+
+
+def test_reopening_recovers_a_reply_whose_writer_has_ended(tmp_path):
     path = tmp_path / "t.db"
-    with Store(path) as s:
-        cid = s.create_conversation()
-        s.add_message(cid, "user", "go")
-        mid = s.begin_assistant(cid)
-        s.update_streaming(mid, "half a rep")
-        assert s.recovered == 0
+    process, mid = _writer(path)
+    process.communicate("\n", timeout=60)  # the writer ends without finishing its reply
     with Store(path) as s:
         assert s.recovered == 1
         message = s.get_message(mid)
-        assert (message.status, message.content) == ("interrupted", "half a rep")
+        assert (message.status, message.content) == ("interrupted", "half a reply, still written")
     with Store(path) as s:
         assert s.recovered == 0
+
+
+def test_reopening_leaves_a_live_writers_reply_alone(tmp_path):
+    path = tmp_path / "t.db"
+    process, mid = _writer(path)
+    try:
+        with Store(path) as s:  # a second process opens the store while the first still streams
+            assert s.recovered == 0
+            assert s.get_message(mid).status == "streaming"
+    finally:
+        process.communicate("\n", timeout=60)
+    with Store(path) as s:
+        message = s.get_message(mid)
+        assert message.content == "half a reply, still written"  # the first writer's update landed
+        assert s.recovered == 1 and s.get_message(mid).status == "interrupted"
+
+
+def test_a_reply_written_in_this_process_is_not_recovered_by_a_second_store(tmp_path):
+    path = tmp_path / "t.db"
+    with Store(path) as s:
+        mid = s.begin_assistant(s.create_conversation())
+        with Store(path) as other:
+            assert other.recovered == 0
+        s.update_streaming(mid, "still mine")
+        assert s.get_message(mid).content == "still mine"
 
 
 # --- round trips -----------------------------------------------------------------------------------

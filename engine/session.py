@@ -11,21 +11,30 @@ import threading
 import traceback
 from collections.abc import Callable
 
-from engine.decoding.adaptive import KController, VerifyCostCurve
-from engine.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter, common_prefix_length
-from engine.decoding.speculative import generate
-from engine.errors import ContextOverflowError, IncompatibleDraftError
+from engine.decoding.adaptive import DraftPlanner, VerifyCostCurve
+from engine.decoding.drafters import (
+    AutoDrafter,
+    Drafter,
+    ModelDrafter,
+    NgramDrafter,
+    NoDrafter,
+    SuffixDrafter,
+    common_prefix_length,
+)
+from engine.decoding.speculative import generate, planner_for
+from engine.errors import ContextOverflowError
 from engine.events import Event, Failed, Finished
 from engine.models.chat_template import chat_prompt_ids
 from engine.models.loaded import LoadedModel
-from engine.runtime.eager import output_vocab_size
 from engine.runtime.fastpath import make_runner
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 
 CALIBRATION_TOKENS = 64
-CALIBRATION_SIZES = (1, 2, 4, 8)
-VOCAB_PADDING_TOLERANCE = 128
+# every verify size adaptive K uses at the default max K (1 + K for K = 0..8), then two larger ones
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17)
+# tokens of the prompt before a reply that go into the suffix index with it
+SUFFIX_HISTORY_LEAD = 8
 # Verify forwards of K+1 tokens compiled ahead when compilation is on; other sizes run eagerly.
 COMPILED_VERIFY_SIZES = (2, 3, 5)
 
@@ -48,8 +57,13 @@ class ChatEngine:
         self._lock = threading.Lock()
         self._verify_curve: VerifyCostCurve | None = None
         self._step_time_s: float | None = None
-        self._controllers: dict[str, KController] = {}  # adaptive-K state per drafter, kept across turns
+        # adaptive state (acceptance, K) per drafter choice, kept across turns
+        self._planners: dict[str, tuple[tuple[int, ...], DraftPlanner]] = {}
         self._ngram: NgramDrafter | None = None
+        # the suffix index outlives conversations: earlier replies predict later ones
+        self._suffix = SuffixDrafter(self._runner.vocab_size, self._runner.device)
+        # more drafters for `auto` to choose among (a draft head, ...); any Drafter
+        self.extra_drafters: list[Drafter] = []
         self.draft: LoadedModel | None = None
         self._model_drafter: ModelDrafter | None = None
         self.set_draft(draft)
@@ -61,11 +75,12 @@ class ChatEngine:
             check_compatible(self.target, draft)
         with self._lock:
             self.draft = draft
-            if self._model_drafter is not None:
-                self._controllers.pop(self._model_drafter.name, None)
             self._model_drafter = (
                 ModelDrafter(
-                    make_runner(draft.model, draft.device, self.compiled), self._runner.vocab_size, draft.name
+                    make_runner(draft.model, draft.device, self.compiled),
+                    self._runner.vocab_size,
+                    draft.name,
+                    target_device=self._runner.device,
                 )
                 if draft is not None
                 else None
@@ -78,6 +93,7 @@ class ChatEngine:
             if self._model_drafter is not None:
                 self._model_drafter.reset()
             self._ngram = None
+            self._suffix.reset()  # the conversation goes; what earlier replies taught the index stays
 
     # --- generation -----------------------------------------------------------------------------
 
@@ -107,7 +123,7 @@ class ChatEngine:
         with self._lock:
             self.calibrate()
             drafter, note = self._choose_drafter(speculation)
-            controller = self._controller(drafter, speculation)
+            planner = self._planner(drafter, speculation)
             reused = common_prefix_length(self._cached_tokens[: self._runner.cache_length], prompt_ids)
             self._runner.rollback(reused)
             # the target-alone step time as measured now: calibration, updated by every plain step since
@@ -116,7 +132,7 @@ class ChatEngine:
             try:
                 finished = generate(
                     self._runner, drafter, prompt_ids, sampling, speculation, self.target.eos_token_ids,
-                    self.target.tokenizer, on_event, cancel, controller=controller, stats=stats,
+                    self.target.tokenizer, on_event, cancel, planner=planner, stats=stats,
                 )  # fmt: skip
             except Exception as error:
                 self._forget_caches()
@@ -124,7 +140,16 @@ class ChatEngine:
                     on_event(Failed(f"Generation failed: {error}", traceback.format_exc()))
                 raise
             self._cached_tokens = list(prompt_ids) + list(finished.token_ids)
+            lead = min(SUFFIX_HISTORY_LEAD, len(prompt_ids))
+            reply = prompt_ids[len(prompt_ids) - lead :] + list(finished.token_ids)
+            self._suffix.add_history(reply, start=lead)
             return finished
+
+    def add_history(self, sequences: list[list[int]]) -> None:
+        """Indexes earlier token sequences (stored conversations) for the suffix drafter."""
+        with self._lock:
+            for sequence in sequences:
+                self._suffix.add_history(list(sequence))
 
     def calibrate(self, progress=None, use_cache: bool = True) -> float:
         """Seconds per plain target step (one token, warm cache) on this device; measured once per engine.
@@ -149,7 +174,9 @@ class ChatEngine:
                 vocab = runner.vocab_size
                 runner.reset()
                 self._cached_tokens = []
-                runner.prefill([(1000 + i) % vocab for i in range(CALIBRATION_TOKENS)])
+                # A context shorter than the calibration takes a shorter prompt (measure skips sizes past it).
+                tokens = max(1, min(CALIBRATION_TOKENS, runner.context_length - max(CALIBRATION_SIZES)))
+                runner.prefill([(1000 + i) % vocab for i in range(tokens)])
                 self._verify_curve = VerifyCostCurve().measure(runner, CALIBRATION_SIZES)
                 runner.reset()
                 calibration.save(key, self._verify_curve.seconds)
@@ -173,6 +200,15 @@ class ChatEngine:
 
     # --- internals -----------------------------------------------------------------------------
 
+    @property
+    def context_length(self) -> int:
+        """Tokens the target's cache holds, the prompt and the reply together."""
+        return self._runner.context_length
+
+    def check_fits(self, prompt_ids: list[int]) -> None:
+        """ContextOverflowError when the prompt leaves no room for an answer; callers check before storing."""
+        self._check_fits(prompt_ids)
+
     def _check_fits(self, prompt_ids: list[int]) -> None:
         limit = self._runner.context_length
         if len(prompt_ids) + 1 > limit:
@@ -188,18 +224,33 @@ class ChatEngine:
         if kind == "model":
             return self._model_drafter, note
         if kind == "ngram":
-            sizes = (speculation.ngram_min, speculation.ngram_max)
-            if self._ngram is None or (self._ngram.ngram_min, self._ngram.ngram_max) != sizes:
-                self._ngram = NgramDrafter(self._runner.vocab_size, self._runner.device, *sizes)
-            return self._ngram, note
+            return self._ngram_drafter(speculation), note
+        if kind == "suffix":
+            return self._suffix, note
+        if kind == "auto":
+            members = [self._ngram_drafter(speculation), self._suffix, *self.extra_drafters]
+            if self._model_drafter is not None:
+                members.append(self._model_drafter)
+            return AutoDrafter(members), note
         return NoDrafter(self._runner.vocab_size, self._runner.device), note
 
-    def _controller(self, drafter: Drafter, speculation: SpeculationSettings) -> KController:
-        controller = self._controllers.get(drafter.name)
-        if controller is None:
-            controller = self._controllers[drafter.name] = KController(speculation, self._verify_curve)
-        controller.speculation = speculation
-        return controller
+    def _ngram_drafter(self, speculation: SpeculationSettings) -> NgramDrafter:
+        sizes = (speculation.ngram_min, speculation.ngram_max)
+        if self._ngram is None or (self._ngram.ngram_min, self._ngram.ngram_max) != sizes:
+            self._ngram = NgramDrafter(self._runner.vocab_size, self._runner.device, *sizes)
+        return self._ngram
+
+    def _planner(self, drafter: Drafter, speculation: SpeculationSettings) -> DraftPlanner:
+        """The planner for this drafter choice, kept while its drafters stay the same objects."""
+        members = drafter.members if isinstance(drafter, AutoDrafter) else [drafter]
+        identity = tuple(id(member) for member in members)
+        kept = self._planners.get(drafter.name)
+        if kept is None or kept[0] != identity:
+            planner = planner_for(drafter, speculation, self._verify_curve)
+            kept = self._planners[drafter.name] = (identity, planner)
+        for _, controller in kept[1].members:
+            controller.speculation = speculation
+        return kept[1]
 
     def _forget_caches(self) -> None:
         self._runner.reset()
@@ -209,24 +260,7 @@ class ChatEngine:
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-    """The draft must share the target's vocabulary: the same token for every id, the same end tokens."""
-    target_size, draft_size = output_vocab_size(target.model), output_vocab_size(draft.model)
-    if abs(target_size - draft_size) > VOCAB_PADDING_TOLERANCE:
-        raise IncompatibleDraftError(
-            f"{draft.name} has {draft_size} tokens and {target.name} has {target_size}: "
-            "a draft model must use the target's tokenizer."
-        )
-    if draft.tokenizer is not target.tokenizer:
-        target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
-        if target_vocab != draft_vocab:
-            by_id = {i: t for t, i in draft_vocab.items()}
-            differing = next(
-                (t for t, i in sorted(target_vocab.items(), key=lambda x: x[1]) if by_id.get(i) != t), "?"
-            )
-            raise IncompatibleDraftError(
-                f"{draft.name} and {target.name} use different tokenizers (first difference: token "
-                f"{target_vocab.get(differing, '?')} is {differing!r} in the target and "
-                f"{by_id.get(target_vocab.get(differing))!r} in the draft)."
-            )
-    if draft.eos_token_ids and target.eos_token_ids and not draft.eos_token_ids & target.eos_token_ids:
-        raise IncompatibleDraftError(f"{draft.name} and {target.name} end replies with different tokens.")
+    """The draft must share the target's vocabulary. One rule for every caller: engine.models.compat."""
+    from engine.models.compat import check_compatible as check_vocabularies
+
+    check_vocabularies(target.tokenizer, draft.tokenizer, target.model.config, draft.model.config)

@@ -73,6 +73,13 @@ def check_compatible(target_tokenizer, draft_tokenizer, target_config=None, draf
             f"{draft_size} (at most {MAX_VOCAB_SIZE_DIFFERENCE} apart is allowed)."
         )
 
+    target_rows, draft_rows = _config_vocab(target_config), _config_vocab(draft_config)
+    if target_rows and draft_rows and abs(target_rows - draft_rows) > MAX_VOCAB_SIZE_DIFFERENCE:
+        raise IncompatibleDraftError(
+            f"The draft's output layer has {draft_rows} tokens and the target's {target_rows} (at most "
+            f"{MAX_VOCAB_SIZE_DIFFERENCE} apart is allowed): a draft model must use the target's tokenizer."
+        )
+
     # Ids a model cannot emit (beyond its embedding rows) cannot disagree, so they are not compared.
     shared = min(target_size, draft_size)
     for config in (target_config, draft_config):

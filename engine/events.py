@@ -16,7 +16,8 @@ from engine.stats import GenerationStats
 #   "target" - chosen by the target: a correction at the first rejected position, or plain decoding;
 #   "bonus"  - the target's extra token after every drafted token was accepted.
 Provenance = Literal["draft", "target", "bonus"]
-FinishReason = Literal["eos", "stop", "max_tokens", "cancelled", "error"]
+# "interrupted": a server's reply stream broke off mid-reply; the text so far is kept.
+FinishReason = Literal["eos", "stop", "max_tokens", "cancelled", "error", "interrupted"]
 
 
 @dataclass(frozen=True)

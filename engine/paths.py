@@ -20,6 +20,12 @@ def data_dir() -> Path:
     return path
 
 
+def config_dir() -> Path:
+    path = Path(os.environ.get("TANDEM_CONFIG_DIR") or platformdirs.user_config_dir(APP_NAME))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def models_cache_dir() -> Path:
     path = cache_dir() / "models"
     path.mkdir(parents=True, exist_ok=True)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+# plain steps a reply needs before its own figure replaces the calibration as the baseline
+MIN_PLAIN_STEPS = 8
+
 
 @dataclass
 class GenerationStats:
-    drafter: str = "none"  # "none", "ngram" or "model:<name>"
+    drafter: str = "none"  # "none", "ngram", "suffix", "auto" or "model:<name>"
     k_mode: str = "adaptive"  # "adaptive" or "fixed"
     current_k: int = 0
     rounds: int = 0
@@ -22,6 +25,14 @@ class GenerationStats:
     # tokens emitted per round: accepted draft tokens plus the target's own token
     accepted_lengths: list[int] = field(default_factory=list)
     k_history: list[int] = field(default_factory=list)
+    # the drafter each round used ("none" for a plain step), parallel to k_history
+    drafter_history: list[str] = field(default_factory=list)
+    # rounds whose every draft token was thrown away; verify positions run as padding (cheaper sizes)
+    wasted_rounds: int = 0
+    padded_tokens: int = 0
+    # plain steps inside this reply and their total seconds: the target alone, in the same conditions
+    plain_steps: int = 0
+    plain_step_time_s: float = 0.0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     prefill_time_s: float = 0.0
@@ -36,6 +47,11 @@ class GenerationStats:
     draft_step_time_s: float | None = None
     verify_forward_s: dict[int, float] = field(default_factory=dict)
     note: str = ""
+    # who measured these figures: "local" (this engine) or the server that answered ("tandem-server",
+    # "llama.cpp", "vllm-metrics", "openai-compatible"); `unreported` names the fields and properties
+    # that server did not report, which a view shows as "not reported by this server", never as 0.
+    source: str = "local"
+    unreported: list[str] = field(default_factory=list)
 
     @property
     def rejected(self) -> int:
@@ -63,14 +79,48 @@ class GenerationStats:
         return self.generated_tokens / decode if decode > 0 else None
 
     @property
+    def baseline_step_s(self) -> float | None:
+        """Seconds per token of the target alone: this reply's own plain steps when it has enough
+        (the same context, the same machine load), else the engine's calibration."""
+        if self.plain_steps >= MIN_PLAIN_STEPS:
+            return self.plain_step_time_s / self.plain_steps
+        return self.target_step_time_s
+
+    @property
+    def speedup_is_estimate(self) -> bool:
+        """True when the baseline is the calibration rather than plain steps of this very reply."""
+        return self.plain_steps < MIN_PLAIN_STEPS
+
+    @property
     def speedup(self) -> float | None:
-        """Decode speed against the target alone: its measured step time over our time per token."""
-        if not self.target_step_time_s or not self.generated_tokens or self.decode_time_s <= 0:
+        """Decode speed against the target alone: its step time (`baseline_step_s`) over our time per
+        token. The one figure every view shows; `speedup_text` says whether it is an estimate."""
+        baseline = self.baseline_step_s
+        if not baseline or not self.generated_tokens or self.decode_time_s <= 0:
             return None
-        return self.target_step_time_s * self.generated_tokens / self.decode_time_s
+        return baseline * self.generated_tokens / self.decode_time_s
+
+    def speedup_text(self) -> str:
+        """e.g. "×1.42 (estimate)": the label for the panel and the footer alike."""
+        speedup = self.speedup
+        if speedup is None:
+            return "—"
+        basis = "estimate" if self.speedup_is_estimate else "measured in this reply"
+        return f"×{speedup:.2f} ({basis})"
+
+    @property
+    def drafter_rounds(self) -> dict[str, int]:
+        """Rounds per drafter ("none": plain steps)."""
+        counts: dict[str, int] = {}
+        for name in self.drafter_history:
+            counts[name] = counts.get(name, 0) + 1
+        return counts
 
     def per_position_acceptance(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted, strict=False)]
+        return [
+            a / d if d else 0.0
+            for a, d in zip(self.per_position_accepted, self.per_position_drafted, strict=False)
+        ]
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -81,6 +131,10 @@ class GenerationStats:
             tokens_per_s=self.tokens_per_s,
             decode_tokens_per_s=self.decode_tokens_per_s,
             speedup=self.speedup,
+            speedup_is_estimate=self.speedup_is_estimate,
+            baseline_step_s=self.baseline_step_s,
+            drafter_rounds=self.drafter_rounds,
+            per_position_acceptance=self.per_position_acceptance(),
         )
         return data
 

@@ -1,0 +1,117 @@
+"""`tandem-cli serve`: Tandem's engine as an OpenAI-compatible HTTP server.
+
+Binds 127.0.0.1 unless told otherwise; any other address needs an API key (--api-key or
+--api-key-env), so the engine is never open to a network by accident. `--port 0` takes a free port;
+the address actually bound is printed as `Listening on http://HOST:PORT` once requests are accepted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+
+from engine.errors import SettingsError
+
+
+def add_serve_parser(subparsers) -> None:
+    from engine.cli.chat import add_model_options
+
+    parser = subparsers.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    add_model_options(parser)
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this computer only)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    parser.add_argument("--api-key", default=None, help="key clients must send (required off the loopback)")
+    parser.add_argument("--api-key-env", default=None, help="read the API key from this environment variable")
+    parser.add_argument(
+        "--model-name", default=None, help="the model id clients ask for (default: the target spec)"
+    )
+    parser.add_argument("--max-queue", type=int, default=4, help="requests that may wait; more get 503")
+    parser.add_argument("--k", default="adaptive", help="'adaptive' or a fixed draft length 1-16")
+    parser.add_argument("--max-k", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=0.0, help="default for requests that give none")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="default max_tokens")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.set_defaults(handler=run_serve)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_api_key(args) -> str | None:
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise SettingsError(f"The environment variable {args.api_key_env} holds no API key.")
+        return key
+    return args.api_key or None
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    if not is_loopback(host) and not api_key:
+        raise SettingsError(
+            f"Serving on {host} opens the engine to other computers: give an API key with --api-key "
+            "or --api-key-env, or bind 127.0.0.1."
+        )
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise SettingsError(f"Cannot listen on {host}:{port}: {error.strerror or error}.") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_serve(args) -> int:
+    import uvicorn
+
+    from engine.cli.chat import build_engine, sampling_from_args, speculation_from_args
+    from engine.server.app import create_app
+
+    api_key = resolve_api_key(args)
+    check_bind(args.host, api_key)
+    if args.max_queue < 1:
+        raise SettingsError(f"--max-queue must be at least 1, not {args.max_queue}.")
+    speculation = speculation_from_args(args)
+    sampling = sampling_from_args(args)
+    sock = bind_socket(args.host, args.port)  # before loading, so a taken port fails fast
+    engine = build_engine(args, speculation, sampling)
+    runner = getattr(engine, "_runner", None)
+    app = create_app(
+        engine,
+        args.model_name or args.target,
+        api_key=api_key,
+        max_queue=args.max_queue,
+        defaults=sampling,
+        context_length=getattr(runner, "context_length", None),
+    )
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            print(f"Listening on http://{shown}:{port}", flush=True)
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    print(f"Serving {args.model_name or args.target} (drafter: {speculation.drafter}).", file=sys.stderr)
+    Server(config).run(sockets=[sock])
+    return 0

@@ -1,0 +1,240 @@
+"""The HTTP layer: FastAPI routes over one EngineWorker.
+
+    /v1/chat/completions   streaming (SSE) and plain replies, OpenAI's format plus `timings` and `tandem`
+    /v1/models             the one model served
+    /health                {"status": "ok"}; needs no key
+    /metrics               Prometheus text: request counts, vLLM-named speculative counters, cancel latency
+
+A stream is answered only once the engine has started on it, so an error it raises before the first
+token (a prompt past the context, a setting out of range) is a proper 400 rather than a broken stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.backend import ChatBackend
+from engine.errors import ContextOverflowError, SettingsError, TandemError
+from engine.events import Finished, RoundStats, TextPiece
+from engine.server import schemas
+from engine.server.metrics import ServerMetrics
+from engine.server.schemas import ApiError
+from engine.server.worker import EngineWorker, Job, ServerBusy
+from engine.settings import SamplingSettings
+
+DISCONNECT_POLL_S = 0.1
+
+
+@dataclass
+class _Done:
+    result: Finished | BaseException
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def create_app(
+    backend: ChatBackend,
+    model_name: str,
+    *,
+    api_key: str | None = None,
+    max_queue: int = 4,
+    defaults: SamplingSettings | None = None,
+    context_length: int | None = None,
+) -> FastAPI:
+    """An app serving `backend` as `model_name`. With `api_key`, every /v1 and /metrics call needs it."""
+    defaults = defaults or SamplingSettings()
+    metrics = ServerMetrics()
+    worker = EngineWorker(backend, max_queue, metrics)
+    app = FastAPI(title="Tandem", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.worker = worker
+    app.state.metrics = metrics
+    app.router.add_event_handler("shutdown", worker.stop)
+    expected_key = api_key.encode() if api_key else None
+
+    def check_key(request: Request) -> None:
+        if expected_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(given.encode(), expected_key):
+            raise ApiError(401, "A valid API key is required (Authorization: Bearer <key>).",
+                           "authentication_error", code="invalid_api_key")  # fmt: skip
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        headers = {"Retry-After": "1"} if error.status == 503 else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        message = "Not found." if error.status_code == 404 else str(error.detail)
+        return JSONResponse(ApiError(error.status_code, message).body(), status_code=error.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return JSONResponse(ApiError(400, str(error)).body(), status_code=400)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": model_name, "queue_depth": metrics.queue_depth}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        check_key(request)
+        entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "tandem"}
+        if context_length:
+            entry["max_model_len"] = context_length
+        return {"object": "list", "data": [entry]}
+
+    @app.get("/metrics")
+    async def prometheus(request: Request) -> PlainTextResponse:
+        check_key(request)
+        return PlainTextResponse(metrics.render(model_name), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        check_key(request)
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ApiError(
+                400, f"The request body is not valid JSON: {error}.", code="invalid_json"
+            ) from None
+        chat = schemas.parse_chat_request(body, model_name, defaults)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def on_event(event) -> None:
+            if isinstance(event, TextPiece | RoundStats):
+                loop.call_soon_threadsafe(events.put_nowait, event)
+
+        def on_done(result) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, _Done(result))
+
+        job = Job(chat.messages, chat.sampling, on_event, on_done)
+        try:
+            worker.submit(job)
+        except ServerBusy:
+            metrics.count_request("busy")
+            raise ApiError(503, "The server is busy: too many requests are waiting. Try again shortly.",
+                           "server_error", code="server_busy") from None  # fmt: skip
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        try:
+            first = await _next(events, request, worker, job)
+        except _ClientGone:
+            metrics.count_request("cancelled")
+            return PlainTextResponse("", status_code=499)
+        if isinstance(first, _Done) and isinstance(first.result, BaseException):
+            metrics.count_request("error")
+            raise _as_api_error(first.result)
+        if chat.stream:
+            stream = _sse(first, events, request, worker, job, chat, request_id, created, model_name, metrics)
+            return StreamingResponse(
+                stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            )
+        try:
+            item = first
+            while not isinstance(item, _Done):
+                item = await _next(events, request, worker, job)
+        except _ClientGone:
+            metrics.count_request("cancelled")
+            return PlainTextResponse("", status_code=499)
+        if isinstance(item.result, BaseException):
+            metrics.count_request("error")
+            raise _as_api_error(item.result)
+        finished = item.result
+        metrics.count_request("completed")
+        return schemas.completion(
+            request_id, created, model_name, finished.text, finished.reason, finished.stats
+        )
+
+    return app
+
+
+async def _next(events: asyncio.Queue, request: Request, worker: EngineWorker, job: Job):
+    """The next event of `job`, cancelling it if the client goes away while we wait."""
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                worker.cancel(job)
+                raise _ClientGone from None
+
+
+async def _sse(
+    first, events, request, worker, job, chat, request_id, created, model, metrics
+) -> AsyncIterator[str]:
+    """Chunks of one streamed reply: a role chunk, one chunk per round, the final chunk with the stats."""
+
+    def data(payload: dict) -> str:
+        return f"data: {json.dumps(payload)}\n\n"
+
+    done = False
+    try:
+        yield data(schemas.chunk(request_id, created, model, {"role": "assistant", "content": ""}))
+        pending, item = "", first
+        while True:
+            if isinstance(item, TextPiece):
+                pending += item.text
+            elif isinstance(item, RoundStats):
+                if pending:
+                    yield data(schemas.chunk(request_id, created, model, {"content": pending},
+                                             tandem=schemas.progress_fields(item.stats)))  # fmt: skip
+                    pending = ""
+            elif isinstance(item, _Done):
+                break
+            item = await events.get()
+        done = True
+        result = item.result
+        if isinstance(result, BaseException):
+            metrics.count_request("error")
+            yield data(_as_api_error(result).body())
+            return
+        if pending:
+            yield data(schemas.chunk(request_id, created, model, {"content": pending}))
+        stats = result.stats
+        final = schemas.chunk(
+            request_id, created, model, {}, schemas.FINISH_REASONS.get(result.reason, result.reason),
+            timings=schemas.timings(stats), tandem=schemas.tandem_fields(stats),
+        )  # fmt: skip
+        if chat.include_usage:
+            yield data(final)
+            final = schemas.chunk(request_id, created, model, {}, usage=schemas.usage(stats))
+            final["choices"] = []
+        else:
+            final["usage"] = schemas.usage(stats)
+        yield data(final)
+        yield "data: [DONE]\n\n"
+        metrics.count_request("cancelled" if result.reason == "cancelled" else "completed")
+    finally:
+        if not done:  # the client went away mid-stream (the response task was cancelled)
+            worker.cancel(job)
+            metrics.count_request("cancelled")
+
+
+def _as_api_error(error: BaseException) -> ApiError:
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, ContextOverflowError):
+        return ApiError(400, str(error), param="messages", code="context_length_exceeded")
+    if isinstance(error, SettingsError):
+        return ApiError(400, str(error))
+    if isinstance(error, TandemError):
+        return ApiError(400, str(error))
+    return ApiError(500, f"Generation failed: {error}", "server_error")

@@ -1,17 +1,38 @@
-"""Conversation list (most recent first) with full-text search, new, rename, and delete with undo."""
+"""Conversation list (most recent first) with full-text search, new, rename, and delete with undo.
+
+Search shows one hit per message: the conversation's title above a snippet with the match
+highlighted. Where several versions (branches) of a message hold the same text, one hit stands for
+them, the one on the visible thread if any. Choosing a hit opens its conversation scrolled to it.
+Renames, deletes and undos write to the store here; a StorageError is announced with storage_failed.
+"""
 
 from __future__ import annotations
 
 import html
 import re
 
-from app.qt import Qt, QtGui, QTimer, QtWidgets, Signal, Slot
+from app.qt import Qt, QtCore, QtGui, QTimer, QtWidgets, Signal, Slot
+from engine.errors import StorageError
+
+QPoint = QtCore.QPoint
 
 SEARCH_DELAY_MS = 200
 UNDO_TIMEOUT_MS = 10000
 ID_ROLE = Qt.ItemDataRole.UserRole
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
+TITLE_ROLE = Qt.ItemDataRole.UserRole + 2
 SNIPPET_MARKS = ("\x02", "\x03")  # cannot appear in typed text, so the highlight markup is ours alone
+HIGHLIGHT = "background-color:#ffe58a; color:#1a1a1a;"
+
+
+def snippet_html(snippet: str) -> str:
+    """A search snippet as rich text: escaped, with the matched words highlighted."""
+    marked = html.escape(re.sub(r"\s+", " ", snippet))
+    return marked.replace("\x02", f'<b style="{HIGHLIGHT}">').replace("\x03", "</b>")
+
+
+def plain_snippet(snippet: str) -> str:
+    return re.sub(r"\s+", " ", snippet).translate({2: None, 3: None})
 
 
 class Sidebar(QtWidgets.QWidget):
@@ -19,6 +40,8 @@ class Sidebar(QtWidgets.QWidget):
     message_selected = Signal(int, int)  # conversation id, message id (a search hit)
     new_requested = Signal()
     conversation_deleted = Signal(int)
+    menu_requested = Signal(int, QPoint)  # conversation id, global position of a right click
+    storage_failed = Signal(str, object)  # what could not be done, the StorageError
 
     def __init__(self, store, parent=None):
         super().__init__(parent)
@@ -53,6 +76,8 @@ class Sidebar(QtWidgets.QWidget):
         self.list.itemChanged.connect(self._on_item_changed)
         self.list.currentItemChanged.connect(self._on_current_changed)
         self.list.setWordWrap(True)
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._on_context_menu)
         layout.addWidget(self.list, 1)
 
         self.undo_bar = QtWidgets.QFrame(self)
@@ -110,22 +135,45 @@ class Sidebar(QtWidgets.QWidget):
         self.rename_button.setEnabled(not self.searching())
 
     def _fill_search(self, text: str) -> None:
-        hits = self.store.search(text, marks=SNIPPET_MARKS)
-        titles: dict[int, str] = {}
-        for hit in hits:
-            if hit.conversation_id not in titles:
-                titles[hit.conversation_id] = self.store.get_conversation(hit.conversation_id).title
-            snippet = re.sub(r"\s+", " ", hit.snippet)
-            item = QtWidgets.QListWidgetItem(f"{titles[hit.conversation_id]}\n{snippet.translate({2: None, 3: None})}")
+        for hit, title in self.search_hits(text):
+            item = QtWidgets.QListWidgetItem()
             item.setData(ID_ROLE, hit.conversation_id)
             item.setData(MESSAGE_ROLE, hit.message_id)
-            marked = html.escape(snippet).replace("\x02", "<b>").replace("\x03", "</b>")
-            item.setToolTip(marked)
+            item.setData(TITLE_ROLE, f"{title}\n{plain_snippet(hit.snippet)}")
+            label = QtWidgets.QLabel(f"<b>{html.escape(title)}</b><br>{snippet_html(hit.snippet)}")
+            label.setWordWrap(True)
+            label.setContentsMargins(4, 3, 4, 3)
+            label.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
             self.list.addItem(item)
-        if not hits:
+            self.list.setItemWidget(item, label)
+            width = max(self.list.viewport().width() - 8, 120)
+            item.setSizeHint(QtCore.QSize(width, label.heightForWidth(width)))
+        if self.list.count() == 0:
             item = QtWidgets.QListWidgetItem("No messages match.")
             item.setFlags(Qt.ItemFlag.NoItemFlags)
             self.list.addItem(item)
+
+    def search_hits(self, text: str) -> list:
+        """(hit, conversation title) per message, best first; equal texts on sibling branches once."""
+        hits = self.store.search(text, marks=SNIPPET_MARKS)
+        titles: dict[int, str] = {}
+        visible: dict[int, set[int]] = {}
+        chosen: dict[tuple[int, str], object] = {}
+        for hit in hits:
+            conversation_id = hit.conversation_id
+            if conversation_id not in titles:
+                titles[conversation_id] = self.store.get_conversation(conversation_id).title
+                visible[conversation_id] = {m.id for m in self.store.thread(conversation_id)}
+            key = (conversation_id, plain_snippet(hit.snippet))
+            earlier = chosen.get(key)
+            if earlier is None or (
+                hit.message_id in visible[conversation_id]
+                and earlier.message_id not in visible[conversation_id]
+            ):
+                chosen[key] = hit
+        order = {id(hit): index for index, hit in enumerate(hits)}
+        kept = sorted(chosen.values(), key=lambda hit: order[id(hit)])
+        return [(hit, titles[hit.conversation_id]) for hit in kept]
 
     def _select_quietly(self, conversation_id: int) -> None:
         for row in range(self.list.count()):
@@ -144,7 +192,9 @@ class Sidebar(QtWidgets.QWidget):
         self.conversation_selected.emit(conversation_id)
 
     def titles(self) -> list[str]:
-        return [self.list.item(row).text() for row in range(self.list.count())]
+        """Each row as text: a title, or for a search hit "title\nsnippet"."""
+        items = [self.list.item(row) for row in range(self.list.count())]
+        return [item.data(TITLE_ROLE) or item.text() for item in items]
 
     @Slot()
     def focus_search(self) -> None:
@@ -176,8 +226,24 @@ class Sidebar(QtWidgets.QWidget):
     def rename(self, conversation_id: int, title: str) -> None:
         title = title.strip()
         if title:
-            self.store.rename_conversation(conversation_id, title)
+            self._write(
+                "rename the conversation", lambda: self.store.rename_conversation(conversation_id, title)
+            )
         self.refresh()
+
+    def _write(self, what: str, action) -> bool:
+        try:
+            action()
+        except StorageError as exc:
+            self.storage_failed.emit(what, exc)
+            return False
+        return True
+
+    @Slot(QPoint)
+    def _on_context_menu(self, position: QPoint) -> None:
+        item = self.list.itemAt(position)
+        if item is not None and item.data(ID_ROLE) is not None:
+            self.menu_requested.emit(item.data(ID_ROLE), self.list.viewport().mapToGlobal(position))
 
     @Slot(QtWidgets.QListWidgetItem)
     def _on_item_changed(self, item) -> None:
@@ -198,7 +264,10 @@ class Sidebar(QtWidgets.QWidget):
     def delete(self, conversation_id: int) -> None:
         title = self.store.get_conversation(conversation_id).title
         row = self.list.currentRow()
-        self.store.delete_conversation(conversation_id)
+        if not self._write(
+            "delete the conversation", lambda: self.store.delete_conversation(conversation_id)
+        ):
+            return
         self._deleted.append(conversation_id)
         self.undo_label.setText(f"Deleted “{title}”.")
         self.undo_bar.setVisible(True)
@@ -212,8 +281,12 @@ class Sidebar(QtWidgets.QWidget):
     def undo_delete(self) -> None:
         if not self._deleted:
             return
-        conversation_id = self._deleted.pop()
-        self.store.restore_conversation(conversation_id)
+        conversation_id = self._deleted[-1]
+        if not self._write(
+            "restore the conversation", lambda: self.store.restore_conversation(conversation_id)
+        ):
+            return
+        self._deleted.pop()
         if not self._deleted:
             self._hide_undo()
         self.refresh()

@@ -11,10 +11,11 @@ from app.chat_view import (
     ViewMessage,
     decode_provenance,
     encode_provenance,
-    format_stats_line,
     render_markdown,
 )
-from app.qt import QtGui, QtWidgets
+from app.markdown_render import PROVENANCE_COLOURS, source_positions
+from app.qt import Qt, QtGui, QtWidgets
+from app.stats_format import footer_line
 
 pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
 
@@ -54,15 +55,23 @@ def test_code_copy_link_and_message_copy_use_the_clipboard(view, qtbot):
     widget = view.widgets[0]
     widget._on_link("copy-code:0")
     assert QtGui.QGuiApplication.clipboard().text() == "echo hi\n"
-    widget.copy_button.click()
+    with qtbot.waitSignal(view.copied, timeout=1000):
+        widget.copy_button.click()
     assert QtGui.QGuiApplication.clipboard().text().startswith("Try:")
+    assert widget.copy_button.text() == "Copied ✓"
+    qtbot.waitUntil(lambda: widget.copy_button.text() == "Copy", timeout=3000)
 
 
 def test_provenance_runs_round_trip():
     spans = [("Hel", "draft"), ("lo", "draft"), (",", "target"), (" world", "bonus")]
     runs = encode_provenance(spans)
     assert runs == [[5, "d"], [1, "t"], [6, "b"]]
-    assert decode_provenance("Hello, world!", runs) == [("Hello", "draft"), (",", "target"), (" world", "bonus"), ("!", "")]
+    assert decode_provenance("Hello, world!", runs) == [
+        ("Hello", "draft"),
+        (",", "target"),
+        (" world", "bonus"),
+        ("!", ""),
+    ]
 
 
 def test_colouring_toggle_shows_legend_counts_and_coloured_spans(view):
@@ -73,10 +82,83 @@ def test_colouring_toggle_shows_legend_counts_and_coloured_spans(view):
     assert view.legend.isVisibleTo(view)
     assert view.provenance_counts() == {"draft": 2, "target": 1, "bonus": 1}
     assert view.legend.labels["draft"].text().endswith("draft accepted&nbsp;</span> 2")
-    html = view.widgets[0].browser.toHtml()
-    assert html.count("background-color:") >= 3
+    assert backgrounds(view.widgets[0].browser) == ["#c6efce", "#c6efce", "#ffe6b0", "#cfe2ff"]
     view.colour_toggle.setChecked(False)
-    assert "background-color:#c6efce" not in view.widgets[0].browser.toHtml()
+    assert "#c6efce" not in backgrounds(view.widgets[0].browser)
+
+
+def backgrounds(browser) -> list[str | None]:
+    """The background colour of each character of a rendered message, in order."""
+    document, colours = browser.document(), []
+    cursor = QtGui.QTextCursor(document)
+    for position in range(1, document.characterCount()):
+        cursor.setPosition(position)
+        char = document.characterAt(position - 1)
+        if char.isspace() or char in "\u2029\u2028":
+            continue
+        brush = cursor.charFormat().background()
+        colours.append(brush.color().name() if brush.style() != Qt.BrushStyle.NoBrush else None)
+    return colours
+
+
+def test_colouring_keeps_markdown_and_code_highlighting(view):
+    text = "Use **this**:\n\n```python\nprint(1)\n```\n"
+    spans = [
+        ("Use ", "draft"),
+        ("**this**", "target"),
+        (":\n\n", "draft"),
+        ("```python\n", "bonus"),
+        ("print", "draft"),
+        ("(1)\n```\n", "target"),
+    ]
+    view.set_messages([ViewMessage(1, "assistant", text, spans=spans)])
+    view.set_coloured(True)
+    browser = view.widgets[0].browser
+    shown = browser.toPlainText()
+    assert "```" not in shown and "**" not in shown and "print(1)" in shown
+    document_html = browser.toHtml()
+    assert "font-weight:700" in document_html or "font-weight:600" in document_html  # bold kept
+    colours = PROVENANCE_COLOURS[False]
+    cursor = QtGui.QTextCursor(browser.document())
+    start = shown.index("print")
+    cursor.setPosition(start + 1)
+    assert cursor.charFormat().background().color().name() == colours["draft"][0]
+    assert cursor.charFormat().foreground().color().name() != "#000000"  # Pygments' colour stays
+    cursor.setPosition(shown.index("this") + 1)
+    assert cursor.charFormat().background().color().name() == colours["target"][0]
+    assert cursor.charFormat().fontWeight() >= 600
+
+
+def test_source_positions_skip_markup_and_follow_the_text():
+    assert source_positions("bold", "**bold**") == [2, 3, 4, 5]
+    assert source_positions("a\nb", "a\n\n- b") == [0, 1, 5]
+    assert source_positions("x", "") == [None]
+
+
+def test_clicking_an_old_reply_asks_for_its_stats(view, qtbot):
+    stats = {"generated_tokens": 7, "total_time_s": 1.0, "drafter": "ngram"}
+    view.set_messages([ViewMessage(1, "user", "hi"), ViewMessage(2, "assistant", "hello there", stats=stats)])
+    with qtbot.waitSignal(view.stats_requested, timeout=1000) as blocker:
+        qtbot.mouseClick(view.widgets[1].browser.viewport(), Qt.MouseButton.LeftButton)
+    assert blocker.args[0].id == 2 and blocker.args[0].stats == stats
+    view.select_message(2)
+    assert view.widgets[1].selected and not view.widgets[0].selected
+
+
+def test_scroll_to_message_brings_it_into_view(view, qtbot):
+    messages = [
+        ViewMessage(i, "assistant", "\n\n".join(f"line {i}.{j}" for j in range(20))) for i in range(1, 16)
+    ]
+    view.set_messages(messages)
+    bar = view.scroll.verticalScrollBar()
+    # Every message is laid out at its full height (15 of about 550 px) and the view sits at the end.
+    qtbot.waitUntil(lambda: bar.maximum() > 6000 and bar.value() == bar.maximum(), timeout=3000)
+    qtbot.waitUntil(lambda: view.is_message_visible(15), timeout=2000)
+    assert not view.is_message_visible(2)
+    view.scroll_to_message(2)
+    qtbot.waitUntil(lambda: view.is_message_visible(2), timeout=2000)
+    qtbot.wait(50)
+    assert view.is_message_visible(2) and not view.follow
 
 
 def test_streaming_rerenders_at_most_about_fifteen_times_a_second(view, qtbot):
@@ -92,14 +174,16 @@ def test_streaming_rerenders_at_most_about_fifteen_times_a_second(view, qtbot):
     qtbot.wait(RENDER_INTERVAL_MS * 2)
     assert len(renders) <= 300 * 20 / RENDER_INTERVAL_MS + 3
     assert "word299" in widget.browser.toPlainText()
-    view.finish_streaming(widget.message.text, "complete", {"generated_tokens": 300, "tokens_per_s": 12.5})
+    view.finish_streaming(widget.message.text, "complete", {"generated_tokens": 300, "total_time_s": 24.0})
     assert "300 tokens" in widget.stats_label.text() and view.streaming is None
     assert widget.stats_label.toolTip() == "" or "<table>" in widget.stats_label.toolTip()
 
 
 def test_auto_scroll_follows_unless_the_user_scrolled_up(view, qtbot):
     long_text = "\n\n".join(f"paragraph {i}" for i in range(60))
-    view.set_messages([ViewMessage(1, "assistant", long_text), ViewMessage(2, "assistant", "", status="streaming")])
+    view.set_messages(
+        [ViewMessage(1, "assistant", long_text), ViewMessage(2, "assistant", "", status="streaming")]
+    )
     bar = view.scroll.verticalScrollBar()
     qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum(), timeout=2000)
 
@@ -115,10 +199,18 @@ def test_auto_scroll_follows_unless_the_user_scrolled_up(view, qtbot):
 
 
 def test_stats_line_and_dark_palette(view):
-    line = format_stats_line(
-        {"generated_tokens": 10, "decode_tokens_per_s": 20.0, "acceptance_rate": 0.5, "speedup": 1.5, "drafter": "ngram"}
+    stats = {
+        "generated_tokens": 10,
+        "total_time_s": 0.5,
+        "drafted": 8,
+        "accepted": 4,
+        "drafter": "ngram",
+        "target_step_time_s": 0.075,
+    }
+    line = footer_line(stats)
+    assert (
+        line == "10 tokens · 20.0 tok/s · 50% accepted · ≈ ×1.50 vs target alone (estimate) · n-gram lookup"
     )
-    assert line == "10 tokens · 20.0 tok/s · 50% accepted · 1.50× vs target alone · drafter ngram"
     view.set_messages([ViewMessage(1, "assistant", "```python\nx = 1\n```")])
     palette = QtGui.QPalette()
     palette.setColor(QtGui.QPalette.ColorRole.Base, QtGui.QColor("#1e1e1e"))

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.stats_panel import FALLBACK_TEXT, StatsPanel
+from app.qt import QtGui
+from app.stats_format import PLAIN_NOTICE, WAITING, footer_line
+from app.stats_panel import PANEL_WIDTH, StatsPanel
 from engine.stats import GenerationStats
 
 
@@ -40,10 +42,11 @@ def test_numbers_follow_the_stats(panel):
     assert panel.value_text("k") == "4 (fixed)"
     assert panel.value_text("acceptance") == f"{stats.accepted / stats.drafted:.0%} (6 of 16 drafted)"
     assert panel.value_text("mean_accepted") == "2.50 tokens/round"
-    assert panel.value_text("tokens_per_s") == f"{10 / 1.2:.1f}"
+    assert panel.value_text("tokens_per_s") == f"{10 / 1.0:.1f} tok/s"  # decode time: total less prefill
     assert panel.value_text("ttft") == "0.31 s"
     assert panel.value_text("time_split") == "0.25 s / 0.75 s (25% drafting)"
-    assert panel.value_text("speedup") == "×0.50 (slower, measured)"
+    assert panel.value_text("speedup") == "≈ ×0.50 (slower, estimate)"
+    assert "measured" not in panel.value_text("speedup")
     assert panel.note_text() == ""
 
 
@@ -58,19 +61,103 @@ def test_measured_speedup_above_one_reads_faster(panel):
     stats = round_stats()
     stats.target_step_time_s = 0.5
     panel.update_stats(stats)
-    assert panel.value_text("speedup") == f"×{stats.speedup:.2f} (faster, measured)"
+    assert panel.value_text("speedup") == f"≈ ×{stats.speedup:.2f} (faster, estimate)"
     stats.target_step_time_s = None
     panel.update_stats(stats)
-    assert panel.value_text("speedup") == "not measured yet"
+    assert panel.value_text("speedup") == "not estimated yet"
 
 
-def test_fallback_to_plain_decoding_is_said_with_the_note(panel):
+def test_fallback_to_plain_decoding_is_one_notice_in_one_wording(panel):
     stats = round_stats()
     stats.fallback_to_plain = True
-    stats.note = "draft acceptance 12% over the last 20 rounds"
+    stats.note = (
+        "No draft model is loaded, so drafting uses n-gram lookup. Speculation measured slower than the "
+        "target alone here (acceptance 32%); decoding plainly and re-trying every 16 tokens."
+    )
     panel.update_stats(stats)
-    assert panel.note_text() == FALLBACK_TEXT + "\n" + stats.note
+    assert panel.note_text() == PLAIN_NOTICE + "\nNo draft model is loaded, so drafting uses n-gram lookup."
+    assert panel.note_text().count("slower") == 1
     assert panel.value_text("k") == "—"
+
+
+def test_speedup_measured_in_the_reply_is_not_called_an_estimate(panel):
+    stats = round_stats()
+    stats.plain_steps, stats.plain_step_time_s = 10, 2.0  # 0.2 s per plain token, in this very reply
+    panel.update_stats(stats)
+    assert panel.value_text("speedup") == f"×{stats.speedup:.2f} (faster, measured in this reply)"
+    assert "estimate" not in footer_line(stats.to_dict())
+
+
+def test_figures_a_server_did_not_report_say_so(panel):
+    stats = round_stats()
+    stats.source, stats.unreported = "llama.cpp", ["ttft_s", "speedup"]
+    panel.update_stats(stats)
+    assert panel.value_text("ttft") == "not reported by this server"
+    assert panel.value_text("speedup") == "not reported by this server"
+    assert "×" not in footer_line(stats.to_dict())
+
+
+@pytest.mark.parametrize("drafted, accepted", [(0, 0), (4, 0)])
+def test_no_speedup_claim_without_accepted_drafts(panel, drafted, accepted):
+    stats = GenerationStats(drafter="ngram", generated_tokens=20, drafted=drafted, accepted=accepted)
+    stats.total_time_s, stats.target_step_time_s = 1.0, 0.2  # would read as ×4.00
+    panel.update_stats(stats)
+    assert "×" not in panel.value_text("speedup") and panel.value_text("speedup").startswith("none")
+    assert "×" not in footer_line(stats.to_dict())
+
+
+def test_panel_and_footer_show_the_same_numbers(panel):
+    stats = round_stats(rounds=4, k=4)
+    panel.update_stats(stats)
+    line = footer_line(stats.to_dict())
+    assert panel.value_text("tokens_per_s") in line
+    assert f"×{stats.speedup:.2f}" in line and "estimate" in line
+    assert panel.value_text("acceptance").split()[0] in line
+
+
+def test_empty_state_names_the_drafter_and_hides_the_charts(panel):
+    panel.set_drafter("model:smollm2-int8")
+    assert panel.value_text("drafter") == "draft model smollm2-int8"
+    assert panel.value_text("tokens_per_s") == WAITING
+    assert not panel.charts_visible()
+    panel.update_stats(round_stats())
+    assert panel.charts_visible()
+
+
+def visible_ticks(plot, axis_name: str) -> list[float]:
+    axis = plot.getAxis(axis_name)
+    low, high = plot.viewRange()[0 if axis_name == "bottom" else 1]
+    return [value for _, values in axis.tickValues(low, high, 200) for value in values]
+
+
+def test_charts_have_integer_ticks_no_negative_axes_no_legend_and_narrow_bars(panel):
+    stats = round_stats(rounds=3, k=1)
+    stats.per_position_drafted, stats.per_position_accepted = [3], [2]
+    panel.update_stats(stats)
+    for plot in panel.plots():
+        assert plot.plotItem.legend is None
+        for name in ("bottom", "left"):
+            ticks = visible_ticks(plot, name)
+            assert ticks and all(t == int(t) and t >= 0 for t in ticks), (name, ticks)
+        (x_low, _), (y_low, _) = plot.viewRange()
+        assert x_low >= 0 and y_low >= 0
+    bars = panel.plots()[1]
+    x_low, x_high = bars.viewRange()[0]
+    assert 0.6 / (x_high - x_low) < 0.25, "a single bar must not fill the plot"
+
+
+def test_panel_keeps_its_width_and_follows_the_palette(panel):
+    panel.update_stats(round_stats())
+    assert panel.width() == PANEL_WIDTH
+    stats = round_stats()
+    stats.fallback_to_plain, stats.note = True, "a very long note " * 30
+    panel.update_stats(stats)
+    assert panel.width() == PANEL_WIDTH and panel.maximumWidth() == PANEL_WIDTH
+    palette = QtGui.QPalette()
+    palette.setColor(QtGui.QPalette.ColorRole.Base, QtGui.QColor("#1e1f22"))
+    panel.setPalette(palette)
+    plot = panel.plots()[0]
+    assert plot.backgroundBrush().color().name() == "#1e1f22"
 
 
 def test_first_update_plots_at_once(panel):
@@ -97,7 +184,7 @@ def test_reset_clears_numbers_and_plots(panel):
     stats.fallback_to_plain = True
     panel.update_stats(stats)
     panel.reset()
-    assert panel.value_text("acceptance") == "—"
+    assert panel.value_text("acceptance") == WAITING
     assert panel.note_text() == ""
     assert panel.plotted_lengths() == []
     assert panel.plotted_position_acceptance() == []
@@ -112,11 +199,12 @@ def test_show_saved_displays_a_stored_stats_dict(panel):
     assert panel.value_text("mean_accepted") == f"{stats.mean_accepted_length:.2f} tokens/round"
     assert panel.plotted_lengths() == [float(n) for n in stats.accepted_lengths]
     panel.show_saved(None)
-    assert panel.value_text("drafter") == "—"
+    assert panel.value_text("drafter") == "no model loaded yet"
 
 
 def test_plain_decoding_has_no_acceptance(panel):
     panel.update_stats(GenerationStats(drafter="none", generated_tokens=5, total_time_s=1.0))
     assert panel.value_text("drafter") == "none (target alone)"
     assert panel.value_text("acceptance") == "—"
-    assert panel.value_text("tokens_per_s") == "5.0"
+    assert panel.value_text("tokens_per_s") == "5.0 tok/s"
+    assert panel.value_text("speedup") == "none (target alone)"

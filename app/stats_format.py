@@ -1,0 +1,198 @@
+"""The words and numbers shown for a reply's GenerationStats, in one place.
+
+The stats panel and the footer under each reply both read from here, so the same reply shows the
+same tokens/s and the same speed-up in both. Pure functions, no Qt: a reply's stats arrive either as
+a live GenerationStats or as the dict stored with the message (GenerationStats.to_dict()).
+
+The speed-up is GenerationStats.speedup. When the reply had enough plain steps of its own, the target
+alone was timed in the same conditions and the figure says "measured in this reply"; otherwise it is
+compared with the engine's calibration and is labelled an estimate (speedup_is_estimate). A reply that
+drafted nothing, or had no draft token accepted, makes no speed-up claim at all. A figure a remote
+server did not report (GenerationStats.unreported) says so instead of showing 0.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+
+from engine.stats import GenerationStats
+
+DASH = "—"
+WAITING = "after the first reply"
+PLAIN_NOTICE = (
+    "Drafting was slower than the target alone on this machine, so this reply was decoded plainly "
+    "(Tandem tries drafting again every so often)."
+)
+SPEEDUP_TOOLTIP = (
+    "The target's own time per token times the tokens of this reply, over the time this reply took to "
+    'decode. "Measured in this reply" uses plain steps of this reply; an estimate uses the timing taken '
+    "when the model loaded."
+)
+UNREPORTED = "not reported by this server"
+# which GenerationStats names each shown value is computed from
+SOURCES = {
+    "k": ("current_k",),
+    "acceptance": ("acceptance_rate", "drafted", "accepted"),
+    "mean_accepted": ("mean_accepted_length", "accepted_lengths"),
+    "tokens_per_s": ("decode_tokens_per_s", "tokens_per_s"),
+    "ttft": ("ttft_s",),
+    "time_split": ("draft_time_s", "verify_time_s"),
+    "speedup": ("speedup",),
+}
+# The adaptive controller words the same fallback in its own note; one notice says it once.
+_CONTROLLER_FALLBACK = re.compile(r"\s*Speculation measured slower.*?tokens\.")
+
+# (key, label) in display order
+FIELDS = (
+    ("drafter", "Drafter"),
+    ("k", "Current K"),
+    ("acceptance", "Acceptance rate"),
+    ("mean_accepted", "Mean accepted length"),
+    ("tokens_per_s", "Decode speed"),
+    ("ttft", "Time to first token"),
+    ("time_split", "Draft / verify time"),
+    ("speedup", "Speed-up (estimate)"),
+)
+
+
+def stats_from_dict(data: dict) -> GenerationStats:
+    """A GenerationStats from its to_dict() output; derived and unknown keys are ignored."""
+    names = {f.name for f in fields(GenerationStats)}
+    return GenerationStats(**{k: v for k, v in data.items() if k in names})
+
+
+def as_stats(stats: GenerationStats | dict) -> GenerationStats:
+    return stats if isinstance(stats, GenerationStats) else stats_from_dict(stats)
+
+
+def describe_drafter(drafter: str) -> str:
+    if drafter.startswith("model:"):
+        return "draft model " + drafter.removeprefix("model:")
+    return {"ngram": "n-gram lookup", "none": "none (target alone)", "auto": "automatic"}.get(
+        drafter, drafter
+    )
+
+
+def tokens_per_second(stats: GenerationStats) -> float | None:
+    """The one tok/s figure shown anywhere: generated tokens over decode time (prompt reading excluded)."""
+    return stats.decode_tokens_per_s
+
+
+def drafted_anything(stats: GenerationStats) -> bool:
+    return stats.drafter != "none" and stats.drafted > 0
+
+
+def speedup_estimate(stats: GenerationStats) -> float | None:
+    """The estimated speed-up, or None where no claim can be made (nothing drafted or accepted)."""
+    if not drafted_anything(stats) or stats.accepted == 0:
+        return None
+    return stats.speedup
+
+
+def speedup_text(stats: GenerationStats) -> str:
+    if stats.drafter == "none":
+        return "none (target alone)"
+    if stats.drafted == 0:
+        return "none: nothing was drafted"
+    if stats.accepted == 0:
+        return "none: no draft token was accepted"
+    speedup = speedup_estimate(stats)
+    if speedup is None:
+        return "not estimated yet"
+    verdict = "faster" if speedup >= 1 else "slower"
+    if stats.speedup_is_estimate:
+        return f"≈ ×{speedup:.2f} ({verdict}, estimate)"
+    return f"×{speedup:.2f} ({verdict}, measured in this reply)"
+
+
+def format_stats(stats: GenerationStats) -> dict[str, str]:
+    """The text for each of FIELDS' keys."""
+    speculating = stats.drafter != "none" and not stats.fallback_to_plain
+    values = {
+        "drafter": describe_drafter(stats.drafter),
+        "k": f"{stats.current_k} ({stats.k_mode})" if speculating else DASH,
+        "acceptance": _acceptance(stats),
+        "mean_accepted": _number(stats.mean_accepted_length, "{:.2f} tokens/round"),
+        "tokens_per_s": _number(tokens_per_second(stats), "{:.1f} tok/s"),
+        "ttft": _number(stats.ttft_s, "{:.2f} s"),
+        "time_split": _time_split(stats),
+        "speedup": speedup_text(stats),
+    }
+    unreported = set(stats.unreported)
+    for key, names in SOURCES.items():
+        if unreported.intersection(names):
+            values[key] = UNREPORTED
+    return values
+
+
+def empty_stats(drafter: str | None) -> dict[str, str]:
+    """What the panel shows before the first reply: the loaded drafter, and when the rest arrives."""
+    values = dict.fromkeys((key for key, _ in FIELDS), WAITING)
+    values["drafter"] = describe_drafter(drafter) if drafter else "no model loaded yet"
+    return values
+
+
+def notice(stats: GenerationStats) -> str:
+    """The one notice for a reply: the fallback to plain decoding said once, then any other note."""
+    note = _CONTROLLER_FALLBACK.sub("", stats.note or "").strip()
+    parts = [PLAIN_NOTICE] if stats.fallback_to_plain else []
+    if note:
+        parts.append(note)
+    return "\n".join(parts)
+
+
+def footer_line(stats: GenerationStats | dict) -> str:
+    """The line under a reply: the same numbers as the panel, shorter."""
+    stats = as_stats(stats)
+    parts = []
+    if stats.generated_tokens:
+        parts.append(f"{stats.generated_tokens} tokens")
+    speed = tokens_per_second(stats)
+    if speed:
+        parts.append(f"{speed:.1f} tok/s")
+    if stats.acceptance_rate is not None:
+        parts.append(f"{stats.acceptance_rate:.0%} accepted")
+    speedup = speedup_estimate(stats)
+    if speedup is not None and "speedup" not in stats.unreported:
+        if stats.speedup_is_estimate:
+            parts.append(f"≈ ×{speedup:.2f} vs target alone (estimate)")
+        else:
+            parts.append(f"×{speedup:.2f} vs target alone (measured in this reply)")
+    if stats.drafter:
+        parts.append(describe_drafter(stats.drafter))
+    return " · ".join(parts)
+
+
+def footer_tooltip(stats: GenerationStats | dict) -> str:
+    stats = as_stats(stats)
+    values = format_stats(stats)
+    rows = [(label, values[key]) for key, label in FIELDS]
+    rows += [("Rounds", str(stats.rounds)), ("Prompt tokens", str(stats.prompt_tokens))]
+    if stats.note or stats.fallback_to_plain:
+        rows.append(("Note", notice(stats)))
+    cells = "".join(f"<tr><td>{_escape(k)}</td><td>{_escape(v)}</td></tr>" for k, v in rows)
+    return f"<table>{cells}</table><p>Click the reply to see its charts.</p>"
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _acceptance(stats: GenerationStats) -> str:
+    rate = stats.acceptance_rate
+    if rate is None:
+        return DASH
+    return f"{rate:.0%} ({stats.accepted} of {stats.drafted} drafted)"
+
+
+def _time_split(stats: GenerationStats) -> str:
+    total = stats.draft_time_s + stats.verify_time_s
+    if total <= 0:
+        return DASH
+    share = stats.draft_time_s / total
+    return f"{stats.draft_time_s:.2f} s / {stats.verify_time_s:.2f} s ({share:.0%} drafting)"
+
+
+def _number(value: float | None, template: str) -> str:
+    return DASH if value is None else template.format(value)

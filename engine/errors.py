@@ -29,6 +29,10 @@ class SettingsError(TandemError):
     """A setting out of range, such as K outside 1..16."""
 
 
+class DeviceError(SettingsError):
+    """A device that does not exist here: --device tpu, or cuda on a CPU-only torch."""
+
+
 class StorageError(TandemError):
     pass
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -24,11 +25,12 @@ class SamplingSettings:
         return self.temperature <= 0.0
 
     def validate(self) -> None:
-        if self.temperature < 0 or self.temperature > 5:
+        # NaN compares false with everything, so each range check is written to fail for it.
+        if not 0 <= self.temperature <= 5:
             raise SettingsError(f"Temperature must be between 0 and 5, not {self.temperature}.")
         if self.top_k < 0:
             raise SettingsError(f"top-k must be 0 (off) or positive, not {self.top_k}.")
-        if not 0 < self.top_p <= 1:
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
             raise SettingsError(f"top-p must be in (0, 1], not {self.top_p}.")
         if self.max_new_tokens < 1:
             raise SettingsError(f"Max new tokens must be at least 1, not {self.max_new_tokens}.")
@@ -57,7 +59,7 @@ class SpeculationSettings:
             raise SettingsError(f"K must be between 1 and {MAX_K}, not {self.k}.")
         if not 1 <= self.max_k <= MAX_K:
             raise SettingsError(f"Max K must be between 1 and {MAX_K}, not {self.max_k}.")
-        if not 0 <= self.p_min < 1:
+        if not 0 <= self.p_min < 1:  # false for NaN too
             raise SettingsError(f"p_min must be in [0, 1), not {self.p_min}.")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise SettingsError("n-gram sizes must satisfy 1 <= min <= max.")

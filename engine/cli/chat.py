@@ -5,20 +5,26 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+import time
 
+from engine.errors import SettingsError
 from engine.events import Event, Failed, Finished, TextPiece
 from engine.models.builtin import DEFAULT_TARGET
 from engine.settings import SamplingSettings, SpeculationSettings
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, model folder, .gguf file or hub id")
+    parser.add_argument(
+        "--target", default=DEFAULT_TARGET, help="built-in name, model folder, .gguf file or hub id"
+    )
     parser.add_argument(
         "--draft",
         default=None,
         help="draft model spec, 'ngram' or 'none' (default: a quantized copy of the target)",
     )
-    parser.add_argument("--quant", choices=["none", "int8", "int4"], default="int8", help="draft quantization")
+    parser.add_argument(
+        "--quant", choices=["none", "int8", "int4"], default="int8", help="draft quantization"
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument(
         "--compiled",
@@ -39,15 +45,19 @@ def add_chat_parser(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--system", default=None, help="system prompt")
-    parser.add_argument("--message", default=None, help="answer this one message and exit")
-    parser.add_argument("--stats", action="store_true", help="print acceptance and speed-up after each answer")
+    parser.add_argument(
+        "--message",
+        default=None,
+        help="answer this one message and exit (it may not be empty: that sends nothing)",
+    )
+    parser.add_argument(
+        "--stats", action="store_true", help="print acceptance and speed-up after each answer"
+    )
     parser.add_argument("--db", default=None, help="store the conversation in this SQLite file")
     parser.set_defaults(handler=run_chat)
 
 
 def speculation_from_args(args) -> SpeculationSettings:
-    from engine.errors import SettingsError
-
     draft = (args.draft or "").lower()
     drafter = "ngram" if draft == "ngram" else "none" if draft == "none" else "model"
     if args.k == "adaptive":
@@ -56,7 +66,9 @@ def speculation_from_args(args) -> SpeculationSettings:
         try:
             k = int(args.k)
         except ValueError:
-            raise SettingsError(f"--k must be 'adaptive' or an integer from 1 to 16, not '{args.k}'.") from None
+            raise SettingsError(
+                f"--k must be 'adaptive' or an integer from 1 to 16, not '{args.k}'."
+            ) from None
     settings = SpeculationSettings(drafter=drafter, k=k, max_k=args.max_k)
     settings.validate()
     return settings
@@ -98,6 +110,13 @@ class ProgressBar:
             self._bar = None
 
 
+def draft_spec_for(args, speculation: SpeculationSettings) -> str | None:
+    """What load_pair loads: the named draft, a quantized copy (None; auto drafts with it too) or none."""
+    if speculation.drafter == "model":
+        return args.draft
+    return "none" if speculation.drafter == "suffix" else None
+
+
 def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSettings):
     from engine.models.pair import load_pair
     from engine.session import ChatEngine
@@ -106,7 +125,7 @@ def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSetti
     try:
         target, draft = load_pair(
             args.target,
-            args.draft if speculation.drafter == "model" else None,
+            draft_spec_for(args, speculation),
             quantization=args.quant,
             device=args.device,
             progress=progress,
@@ -150,11 +169,66 @@ def format_stats(finished: Finished) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
+SAVE_RETRY_S = 5.0  # how often a reply that could not be saved (full disk) is saved again
+
+
+def checked_text(text: str, where: str) -> str:
+    """The user's text, refused with one readable line when a model or the store could not take it."""
+    from engine.errors import InvalidTextError
+    from engine.store.records import check_text
+
+    try:
+        check_text(text, where)
+    except InvalidTextError:
+        raise InvalidTextError(f"{where} is not valid UTF-8 text; send it as UTF-8.") from None
+    if "\x00" in text:
+        raise InvalidTextError(
+            f"{where} holds a NUL character (\\0 at position {text.index(chr(0))}); remove it."
+        )
+    return text
+
+
+def read_line() -> str | None:
+    """The next line the user types or pipes in; None at the end of input."""
+    from engine.errors import InvalidTextError
+
+    try:
+        return input("\n> ")
+    except EOFError:
+        return None
+    except UnicodeDecodeError:
+        raise InvalidTextError("Standard input is not valid UTF-8 text; send it as UTF-8.") from None
+
+
+def cut_notice(finished: Finished, sampling: SamplingSettings, context_length: int) -> str | None:
+    """Why a reply stopped before the model ended it, or None when it ended by itself."""
+    if finished.reason != "max_tokens":
+        return None
+    if len(finished.token_ids) >= sampling.max_new_tokens:
+        return f"[reply cut at {sampling.max_new_tokens} tokens: raise --max-new-tokens for longer replies]"
+    return f"[reply cut: the conversation filled the model's context of {context_length} tokens; start a new chat]"
+
+
 def run_chat(args) -> int:
     speculation = speculation_from_args(args)
     sampling = sampling_from_args(args)
-    engine = build_engine(args, speculation, sampling)
+    one_shot = args.message is not None
+    if one_shot:
+        checked_text(args.message, "--message")
+        if not args.message.strip():
+            raise SettingsError("--message is empty: give the text to send, or leave --message out to chat.")
+    if args.system:
+        checked_text(args.system, "--system")
+    # The database first: a wrong --db is reported in a second, not after minutes of model loading.
     recorder = ConversationRecorder.open(args.db, args) if args.db else None
+    try:
+        return _chat(args, build_engine(args, speculation, sampling), sampling, recorder)
+    finally:
+        if recorder is not None:
+            recorder.close()
+
+
+def _chat(args, engine, sampling: SamplingSettings, recorder: ConversationRecorder | None) -> int:
     messages: list[dict] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
@@ -164,27 +238,41 @@ def run_chat(args) -> int:
         print(f"Tandem chat with {engine.target.spec}. Empty line or Ctrl+D to quit.", file=sys.stderr)
     while True:
         if interactive:
-            try:
-                text = input("\n> ").strip()
-            except EOFError:
-                break
+            line = read_line()
+            text = checked_text(line.strip(), "The message") if line is not None else ""
             if not text:
                 break
         else:
             text = args.message
         messages.append({"role": "user", "content": text})
-        if recorder:
-            recorder.user(text)
+        prompt_ids = engine.prompt_ids(messages)
+        engine.check_fits(prompt_ids)  # before anything is stored: a refused message leaves no trace
+        reply = recorder.begin(text) if recorder else None
+
+        def on_event(event: Event, reply=reply) -> None:
+            if reply is not None and isinstance(event, TextPiece):
+                reply.append(event.text)
+            printer(event)
+
         cancel = threading.Event()
         try:
-            finished = engine.respond(messages, on_event=printer, cancel=cancel)
+            finished = engine.generate_ids(prompt_ids, on_event=on_event, cancel=cancel)
         except KeyboardInterrupt:
             cancel.set()
+            if reply is not None:
+                recorder.save(reply, "cancelled")
+            raise
+        except Exception:
+            if reply is not None:
+                recorder.save(reply, "error")
             raise
         print()
         messages.append({"role": "assistant", "content": finished.text})
-        if recorder:
-            recorder.assistant(finished)
+        if reply is not None:
+            recorder.finish(reply, finished)
+        notice = cut_notice(finished, sampling, engine.context_length)
+        if notice:
+            print(notice, file=sys.stderr)
         if args.stats:
             print(format_stats(finished), file=sys.stderr)
         if not interactive:
@@ -193,38 +281,74 @@ def run_chat(args) -> int:
 
 
 class ConversationRecorder:
-    """Stores a terminal conversation in the same SQLite store the app uses."""
+    """Stores a terminal conversation in the same SQLite store the app uses, the same way.
 
-    def __init__(self, store, conversation_id) -> None:
+    The database is opened and claimed (the instance lock) before the model loads; the conversation
+    is created with the first message, so a run that fails before it leaves the database unchanged.
+    Each reply is a 'streaming' row that a ThrottledUpdater keeps within half a second of the text
+    printed, so kill -9 or Ctrl+C loses at most the last half second of a reply.
+    """
+
+    UPDATE_INTERVAL_S = 0.5
+
+    def __init__(self, store, args) -> None:
         self.store = store
-        self.conversation_id = conversation_id
-        self.last_id = None
+        self.args = args
+        self.conversation_id: int | None = None
+        self.last_id: int | None = None
 
     @classmethod
     def open(cls, db_path: str, args) -> ConversationRecorder:
         from engine.store.database import Store
 
         store = Store(db_path)
-        title = (args.message or "Terminal chat")[:60]
-        conversation_id = store.create_conversation(
-            title=title,
-            target=args.target,
-            draft_settings={"draft": args.draft, "quant": args.quant, "k": args.k},
-            system_prompt=args.system or "",
-        )
-        return cls(store, conversation_id)
+        try:
+            store.acquire_instance_lock()
+        except BaseException:
+            store.close()
+            raise
+        return cls(store, args)
 
-    def user(self, text: str) -> None:
+    def close(self) -> None:
+        self.store.close()
+
+    def begin(self, text: str):
+        """Commit the user's message, then an empty streaming reply; the reply's updater."""
+        from engine.store.streaming import ThrottledUpdater
+
+        if self.conversation_id is None:
+            self.conversation_id = self.store.create_conversation(
+                title=text[:60],
+                target_model=self.args.target,
+                draft_settings={"draft": self.args.draft, "quant": self.args.quant, "k": self.args.k},
+                system_prompt=self.args.system or "",
+            )
         self.last_id = self.store.add_message(self.conversation_id, "user", text, parent_id=self.last_id)
+        meta = {"target": self.args.target, "draft": self.args.draft, "k": self.args.k}
+        self.last_id = self.store.begin_assistant(self.conversation_id, parent_id=self.last_id, meta=meta)
+        return ThrottledUpdater(self.store, self.last_id, interval=self.UPDATE_INTERVAL_S)
 
-    def assistant(self, finished: Finished) -> None:
+    def finish(self, reply, finished: Finished) -> None:
         status = "cancelled" if finished.reason == "cancelled" else "complete"
-        self.last_id = self.store.add_message(
-            self.conversation_id,
-            "assistant",
-            finished.text,
-            parent_id=self.last_id,
-            status=status,
-            token_count=len(finished.token_ids),
-            stats=finished.stats.to_dict(),
-        )
+        self.save(reply, status, stats=finished.stats.to_dict(), token_count=len(finished.token_ids))
+
+    def save(self, reply, status: str, **final) -> None:
+        """End the reply; while the disk is full, keep it in memory and try again every few seconds."""
+        from engine.errors import DiskFullError
+
+        told = False
+        while True:
+            try:
+                reply.finish(status, **final)
+                if told:
+                    print("tandem: saved.", file=sys.stderr)
+                return
+            except DiskFullError as exc:
+                if not told:
+                    print(
+                        f"tandem: {exc} The reply is kept in memory and saved again every "
+                        f"{SAVE_RETRY_S:.0f} s; Ctrl+C gives up.",
+                        file=sys.stderr,
+                    )
+                    told = True
+                time.sleep(SAVE_RETRY_S)

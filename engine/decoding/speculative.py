@@ -94,11 +94,25 @@ def speculative_round(
     )
 
 
-def prefill(target: ModelRunner, prompt_ids: list[int], sampling: SamplingSettings, generator) -> int:
-    """Brings the target cache from prompt_ids[:cache_length] to the whole prompt; returns the first token."""
+PREFILL_CHUNK = 512  # prompt tokens per target forward; cancelling is checked between chunks
+
+
+def prefill(
+    target: ModelRunner, prompt_ids: list[int], sampling: SamplingSettings, generator, cancel=None
+) -> int:
+    """Brings the target cache from prompt_ids[:cache_length] to the whole prompt; returns the first token.
+
+    The prompt goes in PREFILL_CHUNK tokens at a time, and a set `cancel` raises Cancelled between
+    chunks, so a long prompt can be stopped within one chunk's forward."""
     keep = min(target.cache_length, len(prompt_ids) - 1)
     target.rollback(keep)
-    logits = target.prefill(prompt_ids[keep:])  # [V]
+    rest = prompt_ids[keep:]
+    chunks = [rest[start : start + PREFILL_CHUNK] for start in range(0, len(rest), PREFILL_CHUNK)]
+    for chunk in chunks[:-1]:
+        target.prefill(chunk)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled
+    logits = target.prefill(chunks[-1])  # [V]
     probs = probs_from_logits(logits, sampling)
     first = probs.argmax() if sampling.greedy else sample(probs, generator)
     return int(first.item())
@@ -155,7 +169,10 @@ def generate(
     if cancel is not None and cancel.is_set():
         return finish("cancelled")
     stats.prefill_tokens = len(prompt_ids) - min(target.cache_length, len(prompt_ids) - 1)
-    first_token = prefill(target, prompt_ids, sampling, generator)
+    try:
+        first_token = prefill(target, prompt_ids, sampling, generator, cancel=cancel)
+    except Cancelled:
+        return finish("cancelled")
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - started
     if cancel is not None and cancel.is_set():
         return finish("cancelled")

@@ -41,11 +41,39 @@ class LoadedModel:
 
 
 def resolve_device(device: str = "auto"):
+    """The torch device for "auto", "cpu", "cuda" or "cuda:N"; a DeviceError the user can act on otherwise."""
     import torch
 
-    if device == "auto":
+    from engine.errors import DeviceError
+
+    if isinstance(device, torch.device):
+        return device
+    name = str(device).strip().lower()
+    if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or name.startswith("cuda:"):
+        try:
+            chosen = torch.device(name)
+        except RuntimeError:
+            raise DeviceError(f"'{device}' is not a device: use auto, cpu, cuda or cuda:N.") from None
+        if not torch.cuda.is_available():
+            build = (
+                "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA GPU is visible"
+            )
+            raise DeviceError(
+                f"--device {device} asks for a CUDA GPU, but {build}. Use --device cpu or auto."
+            )
+        count = torch.cuda.device_count()
+        if chosen.index is not None and chosen.index >= count:
+            raise DeviceError(f"--device {device}: this machine has {count} CUDA device(s), numbered from 0.")
+        return chosen
+    if name == "mps":
+        if not torch.backends.mps.is_available():
+            raise DeviceError("--device mps asks for Apple's Metal GPU, which this machine or torch lacks.")
+        return torch.device("mps")
+    raise DeviceError(f"Unknown device '{device}': use auto, cpu, cuda or cuda:N.")
 
 
 def resolve_dtype(dtype: str, device) -> Any:

@@ -38,6 +38,7 @@ class ChatView(QtWidgets.QWidget):
         self.widgets: list[MessageWidget] = []
         self.streaming: MessageWidget | None = None
         self.follow = True
+        self.pinned: int | None = None  # a message kept in view while the layout settles (a search hit)
 
         layout = QtWidgets.QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -69,6 +70,7 @@ class ChatView(QtWidgets.QWidget):
         scrollbar = self.scroll.verticalScrollBar()
         scrollbar.rangeChanged.connect(self._on_range_changed)
         scrollbar.valueChanged.connect(self._on_scrolled)
+        scrollbar.actionTriggered.connect(self._unpin)  # the user moved the scroll bar or the wheel
 
         self.placeholder = QtWidgets.QLabel("Start a conversation: type a message below.", self.container)
         self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -81,6 +83,7 @@ class ChatView(QtWidgets.QWidget):
     # --- content ---------------------------------------------------------------------------------
 
     def clear(self) -> None:
+        self.pinned = None
         self._render_timer.stop()
         self.streaming = None
         for widget in self.widgets:
@@ -128,16 +131,21 @@ class ChatView(QtWidgets.QWidget):
         if widget is None:
             return False
         self.follow = False
-        self.container.layout().activate()
-        self.scroll.ensureWidgetVisible(widget, 0, 8)
-        QTimer.singleShot(0, self, lambda: self._ensure_visible(message_id))
+        self.pinned = message_id
+        self._ensure_visible(message_id)
         return True
 
     def _ensure_visible(self, message_id: int) -> None:
         widget = self.widget_for(message_id)
         if widget is not None:
             self.follow = False
-            self.scroll.ensureWidgetVisible(widget, 0, 8)
+            bar = self.scroll.verticalScrollBar()
+            top = widget.mapTo(self.container, QtCore.QPoint(0, 0)).y()
+            bar.setValue(max(0, top - 8))
+
+    @Slot(int)
+    def _unpin(self, _action: int) -> None:
+        self.pinned = None
 
     def is_message_visible(self, message_id: int) -> bool:
         widget = self.widget_for(message_id)
@@ -219,11 +227,16 @@ class ChatView(QtWidgets.QWidget):
 
     @Slot(int, int)
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
+        if self.pinned is not None:
+            self._ensure_visible(self.pinned)
+            return
         if self.follow:
             self.scroll.verticalScrollBar().setValue(maximum)
 
     @Slot(int)
     def _on_scrolled(self, value: int) -> None:
+        if self.pinned is not None:
+            return
         self.follow = value >= self.scroll.verticalScrollBar().maximum() - FOLLOW_SLACK_PX
 
     def _scroll_to_bottom(self) -> None:

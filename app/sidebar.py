@@ -75,6 +75,9 @@ class Sidebar(QtWidgets.QWidget):
         self.list.setEditTriggers(QtWidgets.QAbstractItemView.EditTrigger.EditKeyPressed)
         self.list.itemChanged.connect(self._on_item_changed)
         self.list.currentItemChanged.connect(self._on_current_changed)
+        self.list.itemClicked.connect(self._on_item_clicked)
+        self.list.viewport().installEventFilter(self)
+        self._opened_by_press = False  # this mouse press already opened the item it made current
         self.list.setWordWrap(True)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._on_context_menu)
@@ -128,7 +131,7 @@ class Sidebar(QtWidgets.QWidget):
                     item.setToolTip(f"Updated {conversation.updated[:16].replace('T', ' ')} UTC")
                     item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
                     self.list.addItem(item)
-            if keep is not None:
+            if keep is not None and not self.searching():  # a search hit is opened only when chosen
                 self._select_quietly(keep)
         finally:
             self._updating = False
@@ -210,10 +213,23 @@ class Sidebar(QtWidgets.QWidget):
         if self._updating or current is None or current.data(ID_ROLE) is None:
             return
         message_id = current.data(MESSAGE_ROLE)
+        self._opened_by_press = True
         if message_id is not None:
             self.message_selected.emit(current.data(ID_ROLE), message_id)
         else:
             self.conversation_selected.emit(current.data(ID_ROLE))
+
+    @Slot(QtWidgets.QListWidgetItem)
+    def _on_item_clicked(self, item) -> None:
+        """Clicking the hit that is already current opens it again (scrolled back to the message)."""
+        if self._opened_by_press or item.data(MESSAGE_ROLE) is None:
+            return
+        self.message_selected.emit(item.data(ID_ROLE), item.data(MESSAGE_ROLE))
+
+    def eventFilter(self, watched, event):  # noqa: N802
+        if watched is self.list.viewport() and event.type() == QtCore.QEvent.Type.MouseButtonPress:
+            self._opened_by_press = False
+        return super().eventFilter(watched, event)
 
     # --- rename ----------------------------------------------------------------------------------
 

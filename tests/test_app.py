@@ -6,6 +6,7 @@ store writes in milliseconds; one test runs the real built-in pair through `tand
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -19,8 +20,10 @@ from app.bridge import EngineInfo
 from app.config import AppConfig
 from app.main_window import MainWindow
 from app.qt import QObject, Qt, QtWidgets, Slot
+from engine.backend import ChatBackend
 from engine.errors import ContextOverflowError, ModelNotFoundError
 from engine.events import Finished, RoundStats, TextPiece, TokenSpan
+from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 from engine.store.database import Store
 
@@ -31,7 +34,8 @@ PROVENANCE_CYCLE = ("draft", "draft", "target", "bonus")
 
 
 class ScriptedEngine:
-    """Speaks like ChatEngine: streams the given tokens, one round per token, honouring cancel."""
+    """A ChatBackend (engine/backend.py) like ChatEngine: streams the given tokens, one round per token,
+    honouring cancel. test_scripted_engine_is_a_chat_backend keeps it from drifting from the Protocol."""
 
     def __init__(
         self, tokens: list[str], delay_s: float = 0.0, error: Exception | None = None, stats_every: int = 1
@@ -40,10 +44,18 @@ class ScriptedEngine:
         self.stats_every = stats_every
         self.delay_s = delay_s
         self.error = error
-        self.speculation = None
-        self.sampling = None
+        self.speculation = SpeculationSettings()
+        self.sampling = SamplingSettings()
         self.calls: list[list[dict]] = []
         self.thread_names: list[str] = []
+        self.prepared = 0
+
+    def prepare(self, progress=None) -> None:
+        self.prepared += 1
+
+    @property
+    def notices(self) -> list[str]:
+        return []
 
     def respond(self, messages, on_event=None, cancel=None) -> Finished:
         self.calls.append(messages)
@@ -119,6 +131,22 @@ def send(qtbot, window: MainWindow, text: str, timeout: int = 5000) -> str:
     return blocker.args[0]
 
 
+def test_scripted_engine_is_a_chat_backend():
+    """The fake and the real engine implement the same Protocol, with the same call signatures."""
+    from engine.session import ChatEngine
+
+    fake = ScriptedEngine(["x"])
+    assert isinstance(fake, ChatBackend)
+    for name in ("prepare", "respond"):
+        wanted = list(inspect.signature(getattr(ChatBackend, name)).parameters)
+        assert list(inspect.signature(getattr(ScriptedEngine, name)).parameters) == wanted, name
+        assert list(inspect.signature(getattr(ChatEngine, name)).parameters) == wanted, name
+    assert isinstance(inspect.getattr_static(ScriptedEngine, "notices"), property)
+    assert isinstance(fake.speculation, SpeculationSettings) and isinstance(fake.sampling, SamplingSettings)
+    result = fake.respond([{"role": "user", "content": "hi"}], on_event=lambda event: None)
+    assert isinstance(result, Finished) and result.text == "x"
+
+
 def test_send_streams_tokens_and_stores_the_reply(qtbot, store):
     tokens = ["Hello", ",", " world", "!"] * 5
     engine = ScriptedEngine(tokens, delay_s=0.005)
@@ -173,15 +201,13 @@ def test_stop_keeps_ui_responsive_and_stores_partial_text_as_cancelled(qtbot, st
     qtbot.waitUntil(lambda: len(window.reply.spans) >= 10 if window.reply else False, timeout=3000)
     assert window.send_button.text() == "Stop"
 
-    started = time.perf_counter()
-    with qtbot.waitSignal(window.reply_finished, timeout=500) as blocker:
+    # Esc only asks the worker to stop: the GUI thread is back at once, in the "Stopping" state, and the
+    # end of the reply arrives later through the event loop.
+    with qtbot.waitSignal(window.reply_finished, timeout=5000) as blocker:
         qtbot.keyClick(window, Qt.Key.Key_Escape)
+        assert window.reply is not None and window.reply.stopping
+        assert window.activity_label.text() == "Stopping…" and not window.send_button.isEnabled()
     assert blocker.args == ["cancelled"]
-    assert time.perf_counter() - started < 0.5
-    # The event loop keeps turning while the reply stops: a timer fires on time.
-    ticks = time.perf_counter()
-    qtbot.wait(50)
-    assert time.perf_counter() - ticks < 0.5
 
     reply = store.thread(window.conversation_id)[-1]
     assert reply.status == "cancelled"
@@ -358,7 +384,10 @@ def test_shortcuts_and_layout_persist_in_store(qtbot, store):
     send(qtbot, window, "hello")
     qtbot.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
     assert window.conversation_id is None and window.chat_view.widgets == []
-    assert [a.shortcut().toString() for a in (window.settings_action, window.stop_action)] == ["Ctrl+,", "Esc"]
+    assert [a.shortcut().toString() for a in (window.settings_action, window.stop_action)] == [
+        "Ctrl+,",
+        "Esc",
+    ]
     window.splitter.setSizes([200, 700, 280])
     sizes = window.splitter.sizes()
     window.chat_view.set_coloured(True)
@@ -429,7 +458,11 @@ def test_self_test_passes_with_the_builtin_pair(tmp_path):
     shot = tmp_path / "self-test.png"
     done = subprocess.run(
         [*tandem_command(), "--self-test", "--screenshot", str(shot)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "self-test passed" in done.stdout

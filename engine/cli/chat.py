@@ -55,6 +55,15 @@ def add_chat_parser(subparsers) -> None:
     )
     parser.add_argument("--db", default=None, help="store the conversation in this SQLite file")
     parser.set_defaults(handler=run_chat)
+    parser.add_argument(
+        "--server", default=None, help="answer through this OpenAI-compatible server (http://host:port)"
+    )
+    parser.add_argument(
+        "--server-model", default=None, help="the server's model to use (default: the first it lists)"
+    )
+    parser.add_argument(
+        "--api-key-env", default=None, help="read the server's API key from this environment variable"
+    )
 
 
 def speculation_from_args(args) -> SpeculationSettings:
@@ -223,6 +232,10 @@ def run_chat(args) -> int:
     recorder = ConversationRecorder.open(args.db, args) if args.db else None
     try:
         return _chat(args, build_engine(args, speculation, sampling), sampling, recorder)
+        if args.server:
+            from engine.remote.cli import run_remote_chat
+
+            return run_remote_chat(args, sampling, recorder)
     finally:
         if recorder is not None:
             recorder.close()
@@ -329,7 +342,7 @@ class ConversationRecorder:
         return ThrottledUpdater(self.store, self.last_id, interval=self.UPDATE_INTERVAL_S)
 
     def finish(self, reply, finished: Finished) -> None:
-        status = "cancelled" if finished.reason == "cancelled" else "complete"
+        status = finished.reason if finished.reason in ("cancelled", "interrupted", "error") else "complete"
         self.save(reply, status, stats=finished.stats.to_dict(), token_count=len(finished.token_ids))
 
     def save(self, reply, status: str, **final) -> None:

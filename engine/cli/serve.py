@@ -80,10 +80,36 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def build_serving_engine(args, speculation, sampling):
+    """The ChatEngine to serve; an n-gram or plain server loads no draft model."""
+    from engine.cli.chat import ProgressBar
+    from engine.models.pair import load_pair
+    from engine.session import ChatEngine
+
+    if speculation.drafter == "model":
+        draft_spec = args.draft
+    else:
+        draft_spec = None if speculation.drafter == "auto" else "none"
+    progress = ProgressBar()
+    try:
+        target, draft = load_pair(
+            args.target, draft_spec, quantization=args.quant, device=args.device, progress=progress
+        )
+    finally:
+        progress.close()
+    engine = ChatEngine(target, draft, speculation=speculation, sampling=sampling, compiled=args.compiled)
+    progress = ProgressBar()
+    try:
+        engine.prepare(progress)
+    finally:
+        progress.close()
+    return engine
+
+
 def run_serve(args) -> int:
     import uvicorn
 
-    from engine.cli.chat import build_engine, sampling_from_args, speculation_from_args
+    from engine.cli.chat import sampling_from_args, speculation_from_args
     from engine.server.app import create_app
 
     api_key = resolve_api_key(args)
@@ -93,15 +119,14 @@ def run_serve(args) -> int:
     speculation = speculation_from_args(args)
     sampling = sampling_from_args(args)
     sock = bind_socket(args.host, args.port)  # before loading, so a taken port fails fast
-    engine = build_engine(args, speculation, sampling)
-    runner = getattr(engine, "_runner", None)
+    engine = build_serving_engine(args, speculation, sampling)
     app = create_app(
         engine,
         args.model_name or args.target,
         api_key=api_key,
         max_queue=args.max_queue,
         defaults=sampling,
-        context_length=getattr(runner, "context_length", None),
+        context_length=getattr(engine, "context_length", None),
     )
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -54,7 +54,6 @@ def add_chat_parser(subparsers) -> None:
         "--stats", action="store_true", help="print acceptance and speed-up after each answer"
     )
     parser.add_argument("--db", default=None, help="store the conversation in this SQLite file")
-    parser.set_defaults(handler=run_chat)
     parser.add_argument(
         "--server", default=None, help="answer through this OpenAI-compatible server (http://host:port)"
     )
@@ -64,6 +63,7 @@ def add_chat_parser(subparsers) -> None:
     parser.add_argument(
         "--api-key-env", default=None, help="read the server's API key from this environment variable"
     )
+    parser.set_defaults(handler=run_chat)
 
 
 def speculation_from_args(args) -> SpeculationSettings:
@@ -231,11 +231,11 @@ def run_chat(args) -> int:
     # The database first: a wrong --db is reported in a second, not after minutes of model loading.
     recorder = ConversationRecorder.open(args.db, args) if args.db else None
     try:
-        return _chat(args, build_engine(args, speculation, sampling), sampling, recorder)
         if args.server:
             from engine.remote.cli import run_remote_chat
 
             return run_remote_chat(args, sampling, recorder)
+        return _chat(args, build_engine(args, speculation, sampling), sampling, recorder)
     finally:
         if recorder is not None:
             recorder.close()

@@ -154,6 +154,37 @@ def runner_extras(runners) -> dict[str, dict]:
     return extras
 
 
+def check_writable(path: str) -> None:
+    """Refuse a --json file that cannot be written, before an hour of benchmark."""
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise IsADirectoryError(21, "it is a folder")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=target.parent):
+            pass
+    except OSError as exc:
+        raise SettingsError(
+            f"--json {path} cannot be written ({exc.strerror}): choose another file."
+        ) from None
+
+
+def save_report(report: dict, path: str, write_report) -> str:
+    """Write the report; if that fails now (disk full, folder gone), into the temporary folder instead."""
+    import tempfile
+    from pathlib import Path
+
+    try:
+        return f"report: {write_report(report, path)}"
+    except OSError as exc:
+        fallback = Path(tempfile.gettempdir()) / f"tandem-bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        write_report(report, fallback)
+        return f"report: {path} could not be written ({exc.strerror}); saved to {fallback} instead"
+
+
 def run_bench(args) -> int:
     from tqdm import tqdm
 
@@ -165,6 +196,8 @@ def run_bench(args) -> int:
 
     if args.plots and importlib.util.find_spec("matplotlib") is None:  # say so before an hour of benchmark
         raise SettingsError("--plots needs matplotlib, which this installation lacks: pip install matplotlib")
+    if args.json_path:
+        check_writable(args.json_path)  # before the benchmark, not after it
     prompts_path = args.prompts or bench_prompts.default_prompts_path()
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
     prompts = bench_prompts.select_prompts(bench_prompts.load_prompts(prompts_path), categories, args.limit)
@@ -201,7 +234,7 @@ def run_bench(args) -> int:
     report = bench_report.build_report(config, records, methods, sampling.greedy, runner_extras(runners))
     print(bench_report.format_table(report))
     if args.json_path:
-        print(f"report: {bench_report.write_report(report, args.json_path)}", file=sys.stderr)
+        print(save_report(report, args.json_path, bench_report.write_report), file=sys.stderr)
     if args.plots:
         from engine.bench.plots import write_plots
 

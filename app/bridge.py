@@ -36,6 +36,8 @@ class LoadRequest:
     draft_on_cpu: bool = False
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    backend: str = "local"  # "local" or "server"
+    server_url: str = ""  # for "server"; its API key comes from engine.remote.credentials
 
     @classmethod
     def from_config(cls, config) -> LoadRequest:
@@ -50,6 +52,8 @@ class LoadRequest:
             draft_on_cpu=config.draft_on_cpu,
             speculation=config.speculation(),
             sampling=config.sampling(),
+            backend=config.backend,
+            server_url=config.server_url,
         )
 
 
@@ -70,10 +74,13 @@ EngineFactory = Callable[[LoadRequest, ProgressCallback], tuple[Any, EngineInfo]
 
 
 def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> tuple[Any, EngineInfo]:
+    if request.backend == "server":
+        return remote_engine_factory(request, progress)
     from engine.models.pair import load_pair
     from engine.session import ChatEngine
 
-    draft_spec = request.draft if request.drafter == "model" else request.drafter
+    # "auto" may choose the draft model among the drafters, so it loads one too
+    draft_spec = request.draft if request.drafter in ("model", "auto") else "none"
     target, draft = load_pair(
         request.target,
         draft_spec,
@@ -93,6 +100,25 @@ def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> 
         draft=draft.name if draft is not None else (None if request.drafter == "none" else request.drafter),
         device=str(target.device),
         quantization=draft.quantization if draft is not None else "none",
+        notices=tuple(engine.notices),
+    )
+    return engine, info
+
+
+def remote_engine_factory(request: LoadRequest, progress: ProgressCallback) -> tuple[Any, EngineInfo]:
+    """An OpenAI-compatible server as the engine; prepare() checks that it answers and accepts the key."""
+    from engine.remote import RemoteEngine
+    from engine.remote.credentials import load_api_key
+
+    progress(f"Connecting to {request.server_url}", 0, 0)
+    engine = RemoteEngine(request.server_url, api_key=load_api_key(request.server_url) or None)
+    engine.speculation, engine.sampling = request.speculation, request.sampling
+    engine.prepare(progress)
+    info = EngineInfo(
+        target=engine.model_name or request.server_url,
+        draft="the server's own",
+        device=request.server_url,
+        quantization="none",
         notices=tuple(engine.notices),
     )
     return engine, info
@@ -218,19 +244,13 @@ class EngineBridge(QObject):
         self._load_requested.connect(self.worker.load)
         self._respond_requested.connect(self.worker.respond)
         self._settings_requested.connect(self.worker.apply_settings)
-        self.worker.finished.connect(self._on_finished)
-        self.worker.failed.connect(self._on_failed)
         self.worker.loaded.connect(self._on_loaded)
-        self.worker.load_failed.connect(self._on_load_failed)
-        self.worker.load_cancelled.connect(self._on_load_cancelled)
-        self.generating = False
-        self.loading = False
-        self.info: EngineInfo | None = None
+        self.info: EngineInfo | None = None  # the engine that answers; kept when a new load fails
         self._thread.start()
+        self.probes = Probes(self)
 
     def load(self, request: LoadRequest) -> None:
         self._stops.load = threading.Event()
-        self.loading = True
         self._load_requested.emit(request, self._stops.load)
 
     def cancel_load(self) -> None:
@@ -238,7 +258,6 @@ class EngineBridge(QObject):
 
     def respond(self, messages: list[dict]) -> None:
         self._stops.generation = threading.Event()
-        self.generating = True
         self._respond_requested.emit(messages, self._stops.generation)
 
     def stop(self) -> None:
@@ -248,26 +267,74 @@ class EngineBridge(QObject):
         self._settings_requested.emit(speculation, sampling)
 
     def shutdown(self, timeout_ms: int = 15000) -> bool:
-        """Stop any work, end the thread; True when it ended in time."""
+        """Stop any work, end the threads; True when they ended in time."""
+        self.probes.shutdown(timeout_ms)
         return _stop_thread(self._thread, self._stops, timeout_ms=timeout_ms)
 
     @Slot(object)
-    def _on_finished(self, _result) -> None:
-        self.generating = False
-
-    @Slot(str, str)
-    def _on_failed(self, _message: str, _details: str) -> None:
-        self.generating = False
-
-    @Slot(object)
     def _on_loaded(self, info: EngineInfo) -> None:
-        self.loading = False
         self.info = info
 
-    @Slot(str, str)
-    def _on_load_failed(self, _message: str, _details: str) -> None:
-        self.loading = False
 
-    @Slot()
-    def _on_load_cancelled(self) -> None:
-        self.loading = False
+class ProbeWorker(QObject):
+    """Lives on the probe thread: runs one short look-up at a time and reports it back."""
+
+    done = Signal(str, int, object, object)  # kind, token, result, error
+
+    @Slot(str, int, object)
+    def run(self, kind: str, token: int, work: Callable[[], Any]) -> None:
+        try:
+            result, error = work(), None
+        except Exception as exc:  # shown by the asker; a look-up must never take the app down
+            result, error = None, exc
+        self.done.emit(kind, token, result, error)
+
+
+class Probes(QObject):
+    """Short engine look-ups for dialogs (engine/models/probes.py: tokenizer checks, memory estimates,
+    the devices torch sees) on a thread of their own, with the same worker-and-signals pattern as
+    the engine's worker. They get their own thread so a dialog answers while a reply is generating or
+    a model loads; they only read files and never touch the loaded models.
+
+    `submit(kind, work)` returns a token; `answered(kind, token, result, error)` arrives on the GUI
+    thread. A newer submit of the same kind makes older answers stale: those are not delivered.
+    """
+
+    answered = Signal(str, int, object, object)
+    _requested = Signal(str, int, object)
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self._thread = QThread(self)
+        self._thread.setObjectName("tandem-probes")
+        self._worker = ProbeWorker()
+        self._worker.moveToThread(self._thread)
+        self._thread.finished.connect(self._worker.deleteLater)
+        self._requested.connect(self._worker.run)
+        self._worker.done.connect(self._on_done)
+        self._tokens: dict[str, int] = {}
+        self.destroyed.connect(functools.partial(_quit_thread, self._thread))
+        self._thread.start()
+
+    def submit(self, kind: str, work: Callable[[], Any]) -> int:
+        token = self._tokens.get(kind, 0) + 1
+        self._tokens[kind] = token
+        self._requested.emit(kind, token, work)
+        return token
+
+    def forget(self, kind: str) -> None:
+        """Drop any answer still to come for kind."""
+        self._tokens[kind] = self._tokens.get(kind, 0) + 1
+
+    def shutdown(self, timeout_ms: int = 15000) -> bool:
+        return _quit_thread(self._thread, timeout_ms=timeout_ms)
+
+    @Slot(str, int, object, object)
+    def _on_done(self, kind: str, token: int, result: Any, error: BaseException | None) -> None:
+        if token == self._tokens.get(kind):
+            self.answered.emit(kind, token, result, error)
+
+
+def _quit_thread(thread: QThread, *_args, timeout_ms: int = 15000) -> bool:
+    thread.quit()
+    return thread.wait() if timeout_ms < 0 else thread.wait(timeout_ms)

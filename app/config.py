@@ -9,15 +9,22 @@ import dataclasses
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from engine.errors import SettingsError
+from engine import settings as engine_settings
+from engine.errors import SettingsError, TandemError
 from engine.models.builtin import DEFAULT_TARGET
 from engine.settings import MAX_K, SamplingSettings, SpeculationSettings
 
 STORE_KEY = "app_config"
+WORKING_KEY = "app_config_working"  # the last config whose models loaded
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DRAFTERS = ("model", "ngram", "none")
+DRAFTERS = tuple(getattr(engine_settings, "DRAFTER_KINDS", ("model", "ngram", "none")))
+# "auto" measures the drafters on this machine and keeps the fastest, so it is the default where it exists.
+DEFAULT_DRAFTER = "auto" if "auto" in DRAFTERS else "model"
+# drafters that use the draft model (auto may choose it)
+MODEL_DRAFTERS = ("model", "auto")
+BACKENDS = ("local", "server")
 QUANTIZATIONS = ("none", "int8", "int4")
 K_MODES = ("adaptive", "fixed")
 COMPILED = ("auto", "on", "off")  # auto: compile on CUDA; on: compile on CPU too (minutes per shape)
@@ -33,7 +40,7 @@ class AppConfig:
     target: str = DEFAULT_TARGET
     device: str = "auto"
     dtype: str = "auto"
-    drafter: str = "model"
+    drafter: str = DEFAULT_DRAFTER
     # Offline, the only draft that shares the target's tokenizer is a quantized copy of the target.
     draft: str = DEFAULT_TARGET
     draft_quantization: str = "int8"
@@ -49,6 +56,9 @@ class AppConfig:
     seed: int | None = None
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     compiled: str = "auto"
+    stop_strings: str = ""  # one per line
+    backend: str = "local"  # "local": the models on this computer; "server": an OpenAI-compatible server
+    server_url: str = ""  # its API key is kept by the credentials store, never here
 
     # --- engine settings ---------------------------------------------------------------------------
 
@@ -57,13 +67,18 @@ class AppConfig:
         return SpeculationSettings(drafter=self.drafter, k=k, max_k=self.max_k, p_min=self.p_min)
 
     def sampling(self) -> SamplingSettings:
+        extra = {"stop": self.stops()} if "stop" in {f.name for f in fields(SamplingSettings)} else {}
         return SamplingSettings(
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
             max_new_tokens=self.max_new_tokens,
             seed=self.seed,
+            **extra,
         )
+
+    def stops(self) -> tuple[str, ...]:
+        return tuple(line for line in self.stop_strings.splitlines() if line)
 
     def validate(self) -> None:
         """Raise SettingsError with a message the user can act on; engine ranges give engine messages."""
@@ -72,9 +87,14 @@ class AppConfig:
         _choice("Draft quantization", self.draft_quantization, QUANTIZATIONS)
         _choice("K mode", self.k_mode, K_MODES)
         _choice("Compilation", self.compiled, COMPILED)
+        _choice("Backend", self.backend, BACKENDS)
+        if self.backend == "server":
+            url = self.server_url.strip()
+            if not url.startswith(("http://", "https://")) or len(url) < 10:
+                raise SettingsError("Enter the server's URL, starting with http:// or https://.")
         if not self.target.strip():
             raise SettingsError("Choose a target model.")
-        if self.drafter == "model" and not self.draft.strip():
+        if self.drafter in MODEL_DRAFTERS and not self.draft.strip():
             raise SettingsError("Choose a draft model, or pick the n-gram drafter or none.")
         self.speculation().validate()
         # K is kept while adaptive so switching back to fixed restores it; it must stay in range either way.
@@ -91,10 +111,11 @@ class AppConfig:
 
     def models_changed(self, other: AppConfig) -> bool:
         """Whether going from self to other needs a model loaded or dropped (sampling and K do not)."""
-        return self.target_changed(other) or self.draft_changed(other)
+        backend = (self.backend, self.server_url) != (other.backend, other.server_url)
+        return backend or self.target_changed(other) or self.draft_changed(other)
 
     def _draft_identity(self) -> tuple | None:
-        if self.drafter != "model":
+        if self.drafter not in MODEL_DRAFTERS:
             return None
         return (self.draft, self.draft_quantization, self.draft_on_cpu)
 
@@ -138,8 +159,58 @@ class AppConfig:
     def save(self, store) -> None:
         store.set_setting(STORE_KEY, self.to_dict())
 
+    def save_working(self, store) -> None:
+        """Remember this config as one whose models loaded: the fallback for a later bad choice."""
+        store.set_setting(WORKING_KEY, self.to_dict())
+
+    @classmethod
+    def load_working(cls, store) -> AppConfig | None:
+        data = store.get_setting(WORKING_KEY)
+        if not isinstance(data, dict):
+            return None
+        config = cls.from_dict(data)
+        try:
+            config.validate()
+        except SettingsError:
+            return None
+        return config
+
+    @classmethod
+    def load_for_start(cls, store, check_models=None) -> tuple[AppConfig, str]:
+        """(config to start with, message for the user or '').
+
+        The saved config, unless `check_models(config)` (which raises TandemError) refuses its models:
+        then the last config that loaded, or the defaults, with a message that says what happened.
+        """
+        config = cls.load(store)
+        if check_models is None:
+            return config, ""
+        try:
+            check_models(config)
+            return config, ""
+        except TandemError as exc:
+            problem = str(exc)
+        fallback = cls.load_working(store)
+        if fallback is None or fallback == config:
+            fallback = dataclasses.replace(cls(), **{f: getattr(config, f) for f in _KEPT_ON_FALLBACK})
+        fallback.save(store)
+        return fallback, (
+            f"The saved models could not be used: {problem}\n\nTandem starts with {fallback.target} instead; "
+            "open Settings (Ctrl+,) to choose again."
+        )
+
 
 _INVALID = object()
+# what a fallback to the defaults keeps of a config whose models cannot load
+_KEPT_ON_FALLBACK = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "seed",
+    "system_prompt",
+    "stop_strings",
+)
 
 
 def _coerce(value: Any, default: Any) -> Any:

@@ -1,277 +1,64 @@
-"""The settings dialog: models, speculation, sampling and the default system prompt.
+"""The settings dialog: where replies are computed, models, speculation, sampling, the system prompt.
 
-Anything that may take more than a moment (reading tokenizers for the compatibility check, the
-memory estimate, probing INT4 support) runs on a background thread and reports back with a signal;
-a newer request makes an older answer stale, and stale answers are dropped.
+Nothing is saved until it is valid: the target and draft are checked on the probe thread
+(app/bridge.py `Probes`, running engine/models/probes.py), and Apply and OK stay disabled with the
+reason shown while a check refuses. Cancel puts back the config the dialog opened with, even after
+Apply. A newer request makes an older answer stale; stale answers are dropped.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import dataclasses
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from app.config import COMPILED, DEVICES, DTYPES, QUANTIZATIONS, AppConfig
-from app.qt import Qt, QtWidgets, Signal
+from app.bridge import Probes
+from app.config import DRAFTERS, MODEL_DRAFTERS, AppConfig
+from app.qt import QtWidgets, Signal, Slot
+from app.settings_pages import DRAFTER_LABELS, SettingsWidgets, select, set_choices
 from engine.errors import SettingsError, TandemError
-from engine.models.builtin import BUILTIN_MODELS, BUILTIN_PREFIX, converted_dir, is_converted
-from engine.settings import MAX_K
+from engine.models import probes
 
-HUB_NOTE = "A hub id (owner/name) is downloaded when the models load; the status bar shows its progress."
 CHECKING = "Checking that the draft shares the target's tokenizer…"
-
-
-# --- model probes: plain functions, run on the background thread ---------------------------------
-
-
-def local_folder(spec: str) -> Path | None:
-    """The folder holding a model's files if it is on disk already; never converts or downloads."""
-    from engine.models.loading import gguf_cache_folder, spec_kind
-
-    kind = spec_kind(spec)  # raises, with a message for the user, for a path that does not exist
-    if kind == "builtin":
-        folder = converted_dir(spec.removeprefix(BUILTIN_PREFIX))
-        return folder if is_converted(folder) else None
-    path = Path(spec).expanduser()
-    if kind == "folder":
-        return path
-    if kind == "gguf":
-        folder = gguf_cache_folder(path)
-        return folder if is_converted(folder) else None
-    from huggingface_hub import try_to_load_from_cache
-
-    cached = try_to_load_from_cache(spec, "config.json")
-    return Path(cached).parent if isinstance(cached, str) else None
-
-
-def load_tokenizer(spec: str):
-    """The model's tokenizer alone, or None when it is not on disk (a hub id not yet downloaded)."""
-    from engine.models import loading
-
-    folder = local_folder(spec)
-    if folder is not None:
-        return loading.load_tokenizer(folder)
-    path = Path(spec).expanduser()
-    if path.suffix.lower() == ".gguf":
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
-    return None
-
-
-def load_model_config(spec: str):
-    from engine.models import loading
-
-    if Path(spec).expanduser().suffix.lower() == ".gguf":
-        return loading.load_config(spec)
-    folder = local_folder(spec)
-    return None if folder is None else loading.load_config(str(folder))
-
-
-def catalog_family(spec: str) -> str | None:
-    """The tokenizer family the catalogue gives a model, for models whose tokenizer is not on disk."""
-    try:
-        from engine.models import catalog
-    except ImportError:
-        return None
-    family_of = getattr(catalog, "family_of", None)
-    return family_of(spec) if callable(family_of) else None
-
-
-def check_draft(target: str, draft: str, tokenizers: dict[str, Any]) -> tuple[bool | None, str]:
-    """(ok, reason); ok is None when neither the tokenizers nor the catalogue can tell yet."""
-    for spec in (target, draft):
-        if spec not in tokenizers:
-            tokenizers[spec] = load_tokenizer(spec)
-    target_tokenizer, draft_tokenizer = tokenizers[target], tokenizers[draft]
-    if target_tokenizer is not None and draft_tokenizer is not None:
-        from engine.models.compat import compatibility
-
-        return compatibility(target_tokenizer, draft_tokenizer)
-    target_family, draft_family = catalog_family(target), catalog_family(draft)
-    if target_family and draft_family:
-        if target_family == draft_family:
-            return True, f"Same tokenizer family ({draft_family}); checked again when loading."
-        return (
-            False,
-            f"The draft's tokenizer family ({draft_family}) differs from the target's ({target_family}).",
-        )
-    return None, "Not on disk yet: the tokenizers are compared after the download."
-
-
-def estimate_memory_line(config: AppConfig) -> str:
-    from engine.models.memory import estimate_memory
-
-    target_config = load_model_config(config.target)
-    if target_config is None:
-        return "Memory estimate available once the target is downloaded."
-    draft_config = None
-    if config.drafter == "model":
-        draft_config = load_model_config(config.draft)
-        if draft_config is None:
-            return "Memory estimate available once the draft is downloaded."
-    estimate = estimate_memory(
-        target_config,
-        draft_config,
-        device=config.device,
-        draft_device="cpu" if config.draft_on_cpu else None,
-        target_dtype=config.dtype,
-        draft_dtype=config.dtype,
-        draft_quantization=config.draft_quantization,
-    )
-    return estimate.summary
-
-
-def quantization_line(config: AppConfig) -> str:
-    from engine.models.quantize import quantization_note
-
-    if config.drafter != "model":
-        return ""
-    device = "cpu" if config.draft_on_cpu else config.device
-    if device == "auto":
-        from engine.models.loaded import resolve_device
-
-        device = resolve_device("auto").type
-    return quantization_note(config.draft_quantization, device)
-
-
-def builtin_specs() -> list[str]:
-    return [BUILTIN_PREFIX + name for name in BUILTIN_MODELS]
-
-
-def catalog_specs() -> list[str]:
-    """Model specs the catalogue suggests, built-in ones first, without duplicates."""
-    specs = builtin_specs()
-    try:
-        from engine.models import catalog
-    except ImportError:
-        return specs
-    list_models = getattr(catalog, "list_models", None)
-    if callable(list_models):
-        for entry in list_models():
-            spec = getattr(entry, "spec", entry)
-            if isinstance(spec, str) and spec not in specs:
-                specs.append(spec)
-    return specs
-
-
-# --- widgets ---------------------------------------------------------------------------------------
-
-
-class ModelPicker(QtWidgets.QWidget):
-    """An editable list of model specs with buttons to pick a local folder or a GGUF file."""
-
-    changed = Signal()
-
-    def __init__(self, specs: list[str], parent: QtWidgets.QWidget | None = None):
-        super().__init__(parent)
-        self.combo = QtWidgets.QComboBox()
-        self.combo.setEditable(True)
-        self.combo.setInsertPolicy(QtWidgets.QComboBox.InsertPolicy.NoInsert)
-        self.combo.setSizeAdjustPolicy(
-            QtWidgets.QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
-        )
-        self.combo.setMinimumContentsLength(28)
-        for spec in specs:
-            self.combo.addItem(spec, spec)
-        folder_button = QtWidgets.QPushButton("Folder…")
-        gguf_button = QtWidgets.QPushButton("GGUF…")
-        folder_button.clicked.connect(self._pick_folder)
-        gguf_button.clicked.connect(self._pick_gguf)
-        layout = QtWidgets.QHBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.combo, 1)
-        layout.addWidget(folder_button)
-        layout.addWidget(gguf_button)
-        self.combo.currentTextChanged.connect(lambda _text: self.changed.emit())
-
-    def spec(self) -> str:
-        return self.combo.currentText().strip()
-
-    def set_spec(self, spec: str) -> None:
-        if spec and self.combo.findData(spec) < 0:
-            self.combo.addItem(spec, spec)
-        index = self.combo.findData(spec)
-        if index >= 0:
-            self.combo.setCurrentIndex(index)
-        else:
-            self.combo.setCurrentText(spec)
-
-    def mark(self, spec: str, ok: bool | None, reason: str) -> None:
-        """Show a listed model's compatibility: incompatible ones cannot be chosen, and say why."""
-        index = self.combo.findData(spec)
-        # Touching the current item would make an edited combo put back that item's text.
-        if index < 0 or index == self.combo.currentIndex():
-            return
-        item = self.combo.model().item(index)
-        item.setEnabled(ok is not False)
-        item.setToolTip(reason if ok is not False else f"Incompatible: {reason}")
-
-    def _pick_folder(self) -> None:
-        folder = QtWidgets.QFileDialog.getExistingDirectory(self, "Choose a model folder")
-        if folder:
-            self.set_spec(folder)
-
-    def _pick_gguf(self) -> None:
-        path, _ = QtWidgets.QFileDialog.getOpenFileName(self, "Choose a GGUF file", "", "GGUF files (*.gguf)")
-        if path:
-            self.set_spec(path)
+CHECKING_TARGET = "Checking the target…"
+DRAFTER_REASONS = {
+    "auto": "Automatic: measures the drafters on this machine while you chat and keeps the fastest.",
+    "model": "A draft model proposes tokens; fastest when it agrees often with the target.",
+    "ngram": "Proposes text repeated from the conversation; costs almost nothing.",
+    "suffix": "Proposes continuations of earlier replies; costs almost nothing.",
+    "none": "Plain decoding, one target step per token.",
+}
 
 
 class SettingsDialog(QtWidgets.QDialog):
-    """Edit an AppConfig. `applied` carries the validated new config on Apply and on OK."""
+    """Edit an AppConfig. `applied` carries the validated new config on Apply and on OK (and the
+    original one on Cancel after an Apply)."""
 
     applied = Signal(object)
-    _probe_done = Signal(str, int, object, object)  # kind, token, result, error
 
-    def __init__(self, config: AppConfig, store=None, parent: QtWidgets.QWidget | None = None):
+    def __init__(self, config: AppConfig, store=None, parent: QtWidgets.QWidget | None = None,
+                 probe_runner: Probes | None = None):  # fmt: skip
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self._store = store
+        self._opened_with = config
         self._config = config
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="settings-probe"
-        )
+        bridge = getattr(parent, "bridge", None)
+        self._probes = probe_runner or getattr(bridge, "probes", None)
+        self._own_probes = Probes(self) if self._probes is None else None  # a dialog without the app
+        self._probes = self._probes or self._own_probes
+        self._probes.answered.connect(self._on_probe_done)
         self._tokens: dict[str, int] = {}
-        self._tokenizers: dict[str, Any] = {}  # only touched on the probe thread
         self._probe_inputs: dict[str, Any] = {}
-        self._draft_verdict: tuple[bool | None, str] | None = None
-        self._probe_done.connect(self._on_probe_done)
+        self._tokenizers: dict[str, Any] = {}  # only touched on the probe thread
+        self._verdicts: dict[str, tuple[bool | None, str] | None] = {"draft": None, "target": None}
 
-        specs = catalog_specs()
-        self.target_picker = ModelPicker(specs)
-        self.draft_picker = ModelPicker(specs)
-        self.drafter_combo = _choices({"model": "Draft model", "ngram": "N-gram lookup", "none": "None"})
-        self.quantization_combo = _choices({q: q.upper() if q != "none" else "None" for q in QUANTIZATIONS})
-        self.draft_on_cpu_box = QtWidgets.QCheckBox("Run the draft on the CPU")
-        self.device_combo = _choices({d: d for d in DEVICES})
-        self.dtype_combo = _choices({d: d for d in DTYPES})
-        self.compiled_combo = _choices({c: c for c in COMPILED})
-        self.quantization_note = _note_label()
-        self.draft_reason = _note_label()
-        self.memory_label = _note_label()
-
-        self.adaptive_box = QtWidgets.QCheckBox("Adaptive K")
-        self.k_spin = _spin(1, MAX_K)
-        self.max_k_spin = _spin(1, MAX_K)
-        self.p_min_spin = _double_spin(0.0, 0.99, 0.05)
-
-        self.temperature_spin = _double_spin(0.0, 5.0, 0.1)
-        self.top_p_spin = _double_spin(0.01, 1.0, 0.05)
-        self.top_k_spin = _spin(0, 100_000)
-        self.top_k_spin.setSpecialValueText("off")
-        self.max_new_tokens_spin = _spin(1, 1_000_000)
-        self.seed_spin = _spin(-1, 2**31 - 1)
-        self.seed_spin.setSpecialValueText("random")
-        self.system_prompt_edit = QtWidgets.QPlainTextEdit()
-        self.system_prompt_edit.setMaximumHeight(90)
-
-        self.error_label = _note_label()
+        self.w = SettingsWidgets(probes.builtin_specs())
+        for name in vars(self.w):  # the widgets, by their names, on the dialog too
+            setattr(self, name, getattr(self.w, name))
+        self.error_label = QtWidgets.QLabel()
+        self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #c0392b")
-        self.draft_reason.setObjectName("draftReason")
         self.buttons = QtWidgets.QDialogButtonBox(
             QtWidgets.QDialogButtonBox.StandardButton.Ok
             | QtWidgets.QDialogButtonBox.StandardButton.Apply
@@ -280,32 +67,17 @@ class SettingsDialog(QtWidgets.QDialog):
         self.buttons.accepted.connect(self._ok)
         self.buttons.rejected.connect(self.reject)
         self.apply_button.clicked.connect(self.apply)
+        layout = QtWidgets.QVBoxLayout(self)
+        self.tabs = self.w.tabs()
+        layout.addWidget(self.tabs, 1)
+        layout.addWidget(self.error_label)
+        layout.addWidget(self.buttons)
+        self.resize(640, 560)  # fits a 1366x768 screen with room for the title bar and a panel
 
-        self._lay_out()
         self._show_config(config)
-        for picker in (self.target_picker, self.draft_picker):
-            picker.changed.connect(self._refresh)
-        for combo in (
-            self.drafter_combo,
-            self.quantization_combo,
-            self.device_combo,
-            self.dtype_combo,
-            self.compiled_combo,
-        ):
-            combo.currentIndexChanged.connect(self._refresh)
-        self.draft_on_cpu_box.toggled.connect(self._refresh)
-        self.adaptive_box.toggled.connect(self._refresh)
-        for spin in (
-            self.k_spin,
-            self.max_k_spin,
-            self.top_k_spin,
-            self.max_new_tokens_spin,
-            self.seed_spin,
-            self.p_min_spin,
-            self.temperature_spin,
-            self.top_p_spin,
-        ):
-            spin.valueChanged.connect(self._refresh)
+        self._connect_inputs()
+        self._ask("specs", (), probes.known_specs)
+        self._ask("devices", (), probes.devices)
         self._refresh()
 
     # --- public API ------------------------------------------------------------------------------
@@ -320,27 +92,30 @@ class SettingsDialog(QtWidgets.QDialog):
 
     def config(self) -> AppConfig:
         """The config the widgets show now (not necessarily valid)."""
-        seed = self.seed_spin.value()
+        w, seed = self.w, self.w.seed_spin.value()
         return dataclasses.replace(
             self._config,
-            target=self.target_picker.spec(),
-            device=self.device_combo.currentData(),
-            dtype=self.dtype_combo.currentData(),
-            compiled=self.compiled_combo.currentData(),
-            drafter=self.drafter_combo.currentData(),
-            draft=self.draft_picker.spec(),
-            draft_quantization=self.quantization_combo.currentData(),
-            draft_on_cpu=self.draft_on_cpu_box.isChecked(),
-            k_mode="adaptive" if self.adaptive_box.isChecked() else "fixed",
-            k=self.k_spin.value(),
-            max_k=self.max_k_spin.value(),
-            p_min=round(self.p_min_spin.value(), 4),
-            temperature=round(self.temperature_spin.value(), 4),
-            top_p=round(self.top_p_spin.value(), 4),
-            top_k=self.top_k_spin.value(),
-            max_new_tokens=self.max_new_tokens_spin.value(),
+            backend="server" if w.server_radio.isChecked() else "local",
+            server_url=w.server_url_edit.text().strip(),
+            target=w.target_picker.spec(),
+            device=w.device_combo.currentData() or "auto",
+            dtype=w.dtype_combo.currentData(),
+            compiled=w.compiled_combo.currentData(),
+            drafter=w.drafter_combo.currentData(),
+            draft=w.draft_picker.spec(),
+            draft_quantization=w.quantization_combo.currentData(),
+            draft_on_cpu=w.draft_on_cpu_box.isChecked(),
+            k_mode="adaptive" if w.adaptive_box.isChecked() else "fixed",
+            k=w.k_spin.value(),
+            max_k=w.max_k_spin.value(),
+            p_min=round(w.p_min_spin.value(), 4),
+            temperature=round(w.temperature_spin.value(), 4),
+            top_p=round(w.top_p_spin.value(), 4),
+            top_k=w.top_k_spin.value(),
+            max_new_tokens=w.max_new_tokens_spin.value(),
             seed=None if seed < 0 else seed,
-            system_prompt=self.system_prompt_edit.toPlainText(),
+            stop_strings=w.stop_edit.toPlainText(),
+            system_prompt=w.system_prompt_edit.toPlainText(),
         )
 
     def apply(self) -> bool:
@@ -350,167 +125,175 @@ class SettingsDialog(QtWidgets.QDialog):
         if refusal:
             self.error_label.setText(refusal)
             return False
+        if config.backend == "server":
+            try:
+                _save_api_key(config.server_url, self.w.api_key_edit.text())
+            except TandemError as exc:  # a keyring or key file that cannot be written
+                self.error_label.setText(str(exc))
+                return False
+        self._commit(config)
+        return True
+
+    def reject(self) -> None:
+        """Cancel: what Apply changed goes back to what the dialog opened with."""
+        if self._config != self._opened_with:
+            self._commit(self._opened_with)
+        super().reject()
+
+    def done(self, result: int) -> None:
+        if self._own_probes is not None:
+            self._own_probes.shutdown(timeout_ms=-1)  # before the dialog and its probe thread go
+        super().done(result)
+
+    def _commit(self, config: AppConfig) -> None:
         if self._store is not None:
             config.save(self._store)
         self._config = config
         self.applied.emit(config)
-        return True
 
-    def done(self, result: int) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        super().done(result)
-
-    # --- layout ----------------------------------------------------------------------------------
-
-    def _lay_out(self) -> None:
-        models = QtWidgets.QFormLayout()
-        models.addRow("Target:", self.target_picker)
-        models.addRow("", _note_label(HUB_NOTE))
-        models.addRow("Drafter:", self.drafter_combo)
-        models.addRow("Draft model:", self.draft_picker)
-        models.addRow("", self.draft_reason)
-        models.addRow("Draft quantization:", self.quantization_combo)
-        models.addRow("", self.quantization_note)
-        models.addRow("", self.draft_on_cpu_box)
-        models.addRow("Device:", self.device_combo)
-        models.addRow("Data type:", self.dtype_combo)
-        models.addRow("torch.compile:", self.compiled_combo)
-        models.addRow("Memory:", self.memory_label)
-
-        speculation = QtWidgets.QFormLayout()
-        speculation.addRow("", self.adaptive_box)
-        speculation.addRow("K (fixed):", self.k_spin)
-        speculation.addRow("Max K:", self.max_k_spin)
-        speculation.addRow("p_min:", self.p_min_spin)
-
-        sampling = QtWidgets.QFormLayout()
-        sampling.addRow("Temperature (0 = greedy):", self.temperature_spin)
-        sampling.addRow("Top-p:", self.top_p_spin)
-        sampling.addRow("Top-k:", self.top_k_spin)
-        sampling.addRow("Max new tokens:", self.max_new_tokens_spin)
-        sampling.addRow("Seed:", self.seed_spin)
-        sampling.addRow("Default system prompt:", self.system_prompt_edit)
-
-        layout = QtWidgets.QVBoxLayout(self)
-        for title, form in (("Models", models), ("Speculation", speculation), ("Sampling", sampling)):
-            box = QtWidgets.QGroupBox(title)
-            box.setLayout(form)
-            layout.addWidget(box)
-        layout.addWidget(self.error_label)
-        layout.addWidget(self.buttons)
+    # --- showing and reading ---------------------------------------------------------------------
 
     def _show_config(self, config: AppConfig) -> None:
-        self.target_picker.set_spec(config.target)
-        self.draft_picker.set_spec(config.draft)
-        _select(self.drafter_combo, config.drafter)
-        _select(self.quantization_combo, config.draft_quantization)
-        _select(self.device_combo, config.device)
-        _select(self.dtype_combo, config.dtype)
-        _select(self.compiled_combo, config.compiled)
-        self.draft_on_cpu_box.setChecked(config.draft_on_cpu)
-        self.adaptive_box.setChecked(config.k_mode == "adaptive")
-        self.k_spin.setValue(config.k)
-        self.max_k_spin.setValue(config.max_k)
-        self.p_min_spin.setValue(config.p_min)
-        self.temperature_spin.setValue(config.temperature)
-        self.top_p_spin.setValue(config.top_p)
-        self.top_k_spin.setValue(config.top_k)
-        self.max_new_tokens_spin.setValue(config.max_new_tokens)
-        self.seed_spin.setValue(-1 if config.seed is None else config.seed)
-        self.system_prompt_edit.setPlainText(config.system_prompt)
+        w = self.w
+        (w.server_radio if config.backend == "server" else w.local_radio).setChecked(True)
+        w.server_url_edit.setText(config.server_url)
+        if config.server_url:
+            w.api_key_edit.setText(_load_api_key(config.server_url))
+        w.target_picker.set_spec(config.target)
+        w.draft_picker.set_spec(config.draft)
+        set_choices(w.drafter_combo, {d: DRAFTER_LABELS.get(d, d) for d in DRAFTERS})
+        select(w.drafter_combo, config.drafter)
+        select(w.quantization_combo, config.draft_quantization)
+        if config.device not in (w.device_combo.itemData(i) for i in range(w.device_combo.count())):
+            w.device_combo.addItem(config.device, config.device)  # until the device check answers
+        select(w.device_combo, config.device)
+        select(w.dtype_combo, config.dtype)
+        select(w.compiled_combo, config.compiled)
+        w.draft_on_cpu_box.setChecked(config.draft_on_cpu)
+        w.adaptive_box.setChecked(config.k_mode == "adaptive")
+        w.k_spin.setValue(config.k)
+        w.max_k_spin.setValue(config.max_k)
+        w.p_min_spin.setValue(config.p_min)
+        w.temperature_spin.setValue(config.temperature)
+        w.top_p_spin.setValue(config.top_p)
+        w.top_k_spin.setValue(config.top_k)
+        w.max_new_tokens_spin.setValue(config.max_new_tokens)
+        w.seed_spin.setValue(-1 if config.seed is None else config.seed)
+        w.stop_edit.setPlainText(config.stop_strings)
+        w.system_prompt_edit.setPlainText(config.system_prompt)
+
+    def _connect_inputs(self) -> None:
+        w = self.w
+        for signal in (
+            w.target_picker.changed, w.draft_picker.changed, w.drafter_combo.currentIndexChanged,
+            w.quantization_combo.currentIndexChanged, w.device_combo.currentIndexChanged,
+            w.dtype_combo.currentIndexChanged, w.compiled_combo.currentIndexChanged,
+            w.draft_on_cpu_box.toggled, w.adaptive_box.toggled, w.server_radio.toggled,
+            w.server_url_edit.textChanged, w.stop_edit.textChanged, w.k_spin.valueChanged,
+            w.max_k_spin.valueChanged, w.top_k_spin.valueChanged, w.max_new_tokens_spin.valueChanged,
+            w.seed_spin.valueChanged, w.p_min_spin.valueChanged, w.temperature_spin.valueChanged,
+            w.top_p_spin.valueChanged,
+        ):  # fmt: skip
+            signal.connect(self._refresh)
 
     # --- state -----------------------------------------------------------------------------------
 
-    def _refresh(self) -> None:
-        config = self.config()
-        drafting = config.drafter == "model"
-        for widget in (self.draft_picker, self.quantization_combo, self.draft_on_cpu_box):
+    def _refresh(self, *_args) -> None:
+        w, config = self.w, self.config()
+        local = config.backend == "local"
+        drafting = local and config.drafter in MODEL_DRAFTERS
+        for widget in (w.server_url_edit, w.api_key_edit):
+            widget.setEnabled(not local)
+        for widget in (w.target_picker, w.drafter_combo, w.device_combo, w.dtype_combo, w.compiled_combo):
+            widget.setEnabled(local)
+        for widget in (w.draft_picker, w.quantization_combo, w.draft_on_cpu_box):
             widget.setEnabled(drafting)
-        self.k_spin.setEnabled(config.k_mode == "fixed")
-        self._probe("draft", (config.target, config.draft) if drafting else None, self._draft_probe(config))
-        self._probe(
+        w.k_spin.setEnabled(config.k_mode == "fixed")
+        w.max_k_spin.setEnabled(config.k_mode == "adaptive")
+        w.drafter_reason.setText(DRAFTER_REASONS.get(config.drafter, "") if local else "")
+        target, draft = config.target, config.draft
+        self._ask("target", target if local and target.strip() else None, lambda: probes.check_target(target))
+        cache, listed = self._tokenizers, [s for s in w.draft_picker.specs() if s != draft]
+
+        def check_drafts():
+            verdict = probes.check_draft(target, draft, cache)
+            return verdict, {spec: probes.check_draft(target, spec, cache) for spec in listed}
+
+        self._ask("draft", (target, draft, tuple(listed)) if drafting else None, check_drafts)
+        memory = dict(device=config.device, dtype=config.dtype, draft_on_cpu=config.draft_on_cpu,
+                      draft_quantization=config.draft_quantization)  # fmt: skip
+        self._ask(
             "memory",
-            (
-                config.target,
-                config.drafter,
-                config.draft,
-                config.draft_quantization,
-                config.draft_on_cpu,
-                config.device,
-                config.dtype,
-            ),
-            lambda: estimate_memory_line(config),
+            (target, draft if drafting else None, tuple(memory.items())) if local else None,
+            lambda: probes.memory_line(target, draft if drafting else None, **memory),
         )
-        self._probe(
+        device = "cpu" if config.draft_on_cpu else config.device
+        quantization = config.draft_quantization
+        self._ask(
             "quantization",
-            (config.drafter, config.draft_quantization, config.draft_on_cpu, config.device),
-            lambda: quantization_line(config),
+            (quantization, device) if drafting else None,
+            lambda: probes.quantization_line(quantization, device),
         )
         self._update_buttons()
 
-    def _draft_probe(self, config: AppConfig) -> Callable[[], Any] | None:
-        if config.drafter != "model":
-            return None
-        tokenizers = self._tokenizers
-        target, draft = config.target, config.draft
-        listed = [spec for spec in catalog_specs() if spec != draft]
-
-        def run():
-            verdict = check_draft(target, draft, tokenizers)
-            listed_verdicts = {spec: check_draft(target, spec, tokenizers) for spec in listed}
-            return verdict, listed_verdicts
-
-        return run
-
-    def _probe(self, kind: str, inputs: Any, work: Callable[[], Any] | None) -> None:
-        """Run work() on the probe thread unless its inputs are unchanged since the last request."""
+    def _ask(self, kind: str, inputs: Any, work: Callable[[], Any]) -> None:
+        """Run work() on the probe thread unless its inputs are unchanged; inputs None clears it."""
         if kind in self._probe_inputs and self._probe_inputs[kind] == inputs:
             return
         self._probe_inputs[kind] = inputs
-        token = self._tokens.get(kind, 0) + 1
-        self._tokens[kind] = token
-        if kind == "draft":
-            self._draft_verdict = None
-            self.draft_reason.setText(CHECKING if work else "")
-        if work is None:
-            self._probe_done.emit(kind, token, None, None)
+        if kind in self._verdicts:
+            self._verdicts[kind] = None if inputs is not None else (True, "")
+            label = self.w.draft_reason if kind == "draft" else self.w.target_reason
+            label.setText({"draft": CHECKING, "target": CHECKING_TARGET}[kind] if inputs is not None else "")
+        if inputs is None:
+            self._tokens[kind] = self._tokens.get(kind, 0) + 1
+            {"memory": self.w.memory_label, "quantization": self.w.quantization_note}.get(
+                kind, QtWidgets.QLabel()
+            ).setText("")
             return
+        self._tokens[kind] = self._probes.submit(f"{id(self)}:{kind}", work)
 
-        def task():
-            try:
-                result, error = work(), None
-            except Exception as exc:  # shown to the user; a probe must never take the dialog down
-                result, error = None, exc
-            with contextlib.suppress(RuntimeError):  # the dialog was deleted meanwhile
-                self._probe_done.emit(kind, token, result, error)
-
-        self._executor.submit(task)
-
-    def _on_probe_done(self, kind: str, token: int, result: Any, error: BaseException | None) -> None:
-        if token != self._tokens.get(kind):
+    @Slot(str, int, object, object)
+    def _on_probe_done(self, key: str, token: int, result: Any, error: BaseException | None) -> None:
+        owner, _, kind = key.partition(":")
+        if owner != str(id(self)) or token != self._tokens.get(kind):
             return
+        w = self.w
         if kind == "draft":
             self._show_draft_verdict(result, error)
+        elif kind == "target":
+            ok = None if error is not None and not isinstance(error, TandemError) else error is None
+            self._verdicts["target"] = (ok, str(error) if error is not None else "")
+            w.target_reason.setText(str(error) if error is not None else (result or ""))
+            w.target_reason.setStyleSheet("color: #c0392b" if ok is False else "")
         elif kind == "memory":
-            self.memory_label.setText(f"Could not estimate: {error}" if error else result)
+            w.memory_label.setText(f"Could not estimate: {error}" if error else result)
         elif kind == "quantization":
-            self.quantization_note.setText(f"{error}" if error else result)
+            w.quantization_note.setText(f"{error}" if error else result)
+        elif kind == "specs" and error is None:
+            w.target_picker.add_specs(result)
+            w.draft_picker.add_specs(result)
+            self._refresh()
+        elif kind == "devices" and error is None:
+            offered, note = result
+            set_choices(w.device_combo, {d: d for d in offered})
+            select(w.device_combo, self._config.device if self._config.device in offered else "auto")
+            w.device_note.setText(note)
         self._update_buttons()
 
     def _show_draft_verdict(self, result, error: BaseException | None) -> None:
         if isinstance(error, TandemError):  # a missing path, a pickle checkpoint, remote code: refused
-            self._draft_verdict = (False, str(error))
+            verdict = (False, str(error))
         elif error is not None:
-            self._draft_verdict = (None, f"Could not compare tokenizers: {error}")
-        elif result is None:
-            self._draft_verdict = (True, "")
+            verdict = (None, f"Could not compare tokenizers: {error}")
         else:
-            self._draft_verdict, listed = result
+            verdict, listed = result
             for spec, (ok, reason) in listed.items():
-                self.draft_picker.mark(spec, ok, reason)
-        ok, reason = self._draft_verdict
-        self.draft_reason.setText(reason if ok is not True else "")
-        self.draft_reason.setStyleSheet("color: #c0392b" if ok is False else "")
+                self.w.draft_picker.mark(spec, ok, reason)
+        self._verdicts["draft"] = verdict
+        ok, reason = verdict
+        self.w.draft_reason.setText(reason if ok is not True else "")
+        self.w.draft_reason.setStyleSheet("color: #c0392b" if ok is False else "")
 
     def _refusal(self, config: AppConfig) -> str:
         """Why config cannot be applied now, or ''."""
@@ -518,24 +301,48 @@ class SettingsDialog(QtWidgets.QDialog):
             config.validate()
         except SettingsError as exc:
             return str(exc)
-        if config.drafter == "model":
-            if self._draft_verdict is None:
-                return CHECKING
-            ok, reason = self._draft_verdict
-            if ok is False:
-                return reason
+        if config.backend == "server":
+            return ""
+        for kind, waiting in (("target", CHECKING_TARGET), ("draft", CHECKING)):
+            if kind == "draft" and config.drafter not in MODEL_DRAFTERS:
+                continue
+            verdict = self._verdicts[kind]
+            if verdict is None:
+                return waiting
+            if verdict[0] is False:
+                return verdict[1]
         return ""
 
     def _update_buttons(self) -> None:
         refusal = self._refusal(self.config())
-        # the draft's verdict already has its own label beside the draft
-        self.error_label.setText("" if refusal in (CHECKING, self.draft_reason.text()) else refusal)
+        # a verdict already has its own label beside its model
+        shown = (CHECKING, CHECKING_TARGET, self.w.draft_reason.text(), self.w.target_reason.text())
+        self.error_label.setText("" if refusal in shown else refusal)
         for button in (self.apply_button, self.ok_button):
             button.setEnabled(not refusal)
 
     def _ok(self) -> None:
         if self.apply():
             self.accept()
+
+
+def _save_api_key(base_url: str, key: str) -> None:
+    """Into the credentials store (keyring or a 0600 file), never the settings or the database."""
+    from engine.remote import credentials
+
+    if key:
+        credentials.save_api_key(base_url, key)
+    else:
+        credentials.delete_api_key(base_url)
+
+
+def _load_api_key(base_url: str) -> str:
+    from engine.remote import credentials
+
+    try:
+        return credentials.load_api_key(base_url) or ""
+    except TandemError:
+        return ""
 
 
 class SystemPromptDialog(QtWidgets.QDialog):
@@ -565,36 +372,3 @@ class SystemPromptDialog(QtWidgets.QDialog):
 
     def effective_prompt(self) -> str:
         return self.prompt() or self._default
-
-
-def _choices(options: dict[str, str]) -> QtWidgets.QComboBox:
-    combo = QtWidgets.QComboBox()
-    for value, label in options.items():
-        combo.addItem(label, value)
-    return combo
-
-
-def _select(combo: QtWidgets.QComboBox, value: str) -> None:
-    index = combo.findData(value)
-    combo.setCurrentIndex(max(index, 0))
-
-
-def _spin(low: int, high: int) -> QtWidgets.QSpinBox:
-    spin = QtWidgets.QSpinBox()
-    spin.setRange(low, high)
-    return spin
-
-
-def _double_spin(low: float, high: float, step: float) -> QtWidgets.QDoubleSpinBox:
-    spin = QtWidgets.QDoubleSpinBox()
-    spin.setRange(low, high)
-    spin.setSingleStep(step)
-    spin.setDecimals(2)
-    return spin
-
-
-def _note_label(text: str = "") -> QtWidgets.QLabel:
-    label = QtWidgets.QLabel(text)
-    label.setWordWrap(True)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-    return label

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from app.config import STORE_KEY, AppConfig
+from app.config import DEFAULT_DRAFTER, STORE_KEY, AppConfig
 from engine.errors import SettingsError
 from engine.models.builtin import DEFAULT_TARGET
 from engine.settings import MAX_K
@@ -22,7 +22,7 @@ def store(tmp_path):
 def test_defaults_draft_with_a_quantized_copy_of_the_builtin_target():
     config = AppConfig()
     assert config.target == DEFAULT_TARGET
-    assert config.drafter == "model"
+    assert config.drafter == DEFAULT_DRAFTER  # "auto" where the engine has it
     assert config.draft == DEFAULT_TARGET
     assert config.draft_quantization == "int8"
     assert config.k_mode == "adaptive"
@@ -132,3 +132,36 @@ def test_load_reverts_only_the_invalid_value(store):
     assert loaded.k == AppConfig().k
     assert (loaded.temperature, loaded.seed) == (0.9, 4)
     loaded.validate()
+
+
+def test_a_server_backend_needs_a_url():
+    with pytest.raises(SettingsError, match="http"):
+        AppConfig(backend="server", server_url="localhost:8080").validate()
+    AppConfig(backend="server", server_url="http://127.0.0.1:8080/v1").validate()
+
+
+def test_stop_strings_one_per_line():
+    assert AppConfig(stop_strings="END\n\n###").stops() == ("END", "###")
+
+
+def test_a_bad_saved_target_falls_back_to_the_last_working_config_with_a_message(store, tmp_path):
+    from engine.models.loading import spec_kind
+
+    working = AppConfig(drafter="ngram", temperature=0.3)
+    working.save_working(store)
+    broken = dataclasses.replace(working, target=str(tmp_path / "gone"), temperature=0.9)
+    broken.save(store)
+    config, message = AppConfig.load_for_start(store, lambda c: spec_kind(c.target))
+    assert config == working
+    assert "No model at" in message and "gone" in message
+    assert AppConfig.load(store) == working  # the next start does not meet the same error
+
+
+def test_a_bad_saved_target_without_a_working_config_falls_back_to_the_defaults(store, tmp_path):
+    from engine.models.loading import spec_kind
+
+    AppConfig(target=str(tmp_path / "gone"), temperature=0.9).save(store)
+    config, message = AppConfig.load_for_start(store, lambda c: spec_kind(c.target))
+    assert config.target == DEFAULT_TARGET and config.temperature == 0.9
+    assert message
+    assert AppConfig.load_for_start(store, lambda c: spec_kind(c.target)) == (config, "")

@@ -62,6 +62,10 @@ def wait_for_draft_verdict(qtbot, dialog):
     qtbot.waitUntil(lambda: dialog.draft_reason.text() != CHECKING, timeout=PROBE_TIMEOUT_MS)
 
 
+def wait_until_applicable(qtbot, dialog):
+    qtbot.waitUntil(dialog.apply_button.isEnabled, timeout=PROBE_TIMEOUT_MS)
+
+
 def test_the_tokenizers_really_differ(builtin_tokenizer, different_tokenizer_draft):
     from transformers import AutoTokenizer
 
@@ -88,7 +92,7 @@ def test_compatible_draft_can_be_applied(qtbot, open_dialog, same_tokenizer_draf
     dialog = open_dialog(AppConfig(drafter="model", draft=str(same_tokenizer_draft)))
     wait_for_draft_verdict(qtbot, dialog)
     assert dialog.draft_reason.text() == ""
-    assert dialog.apply_button.isEnabled()
+    wait_until_applicable(qtbot, dialog)
     with qtbot.waitSignal(dialog.applied) as applied:
         dialog.apply_button.click()
     assert applied.args[0].draft == str(same_tokenizer_draft)
@@ -107,7 +111,7 @@ def test_switching_to_ngram_lifts_the_refusal(qtbot, open_dialog, different_toke
     wait_for_draft_verdict(qtbot, dialog)
     assert not dialog.apply_button.isEnabled()
     dialog.drafter_combo.setCurrentIndex(dialog.drafter_combo.findData("ngram"))
-    assert dialog.apply_button.isEnabled()
+    wait_until_applicable(qtbot, dialog)
     assert not dialog.draft_picker.isEnabled()
 
 
@@ -118,6 +122,7 @@ def test_apply_carries_drafter_and_k_and_persists_without_closing(qtbot, open_di
     dialog.temperature_spin.setValue(0.7)
     dialog.seed_spin.setValue(42)
     dialog.system_prompt_edit.setPlainText("Answer briefly.")
+    wait_until_applicable(qtbot, dialog)
     with qtbot.waitSignal(dialog.applied) as applied, qtbot.assertNotEmitted(dialog.finished):
         dialog.apply_button.click()
     config = applied.args[0]
@@ -131,6 +136,7 @@ def test_apply_carries_drafter_and_k_and_persists_without_closing(qtbot, open_di
 def test_ok_applies_and_closes_cancel_does_neither(qtbot, open_dialog, store):
     dialog = open_dialog(AppConfig(drafter="none"))
     dialog.max_k_spin.setValue(12)
+    wait_until_applicable(qtbot, dialog)
     with qtbot.waitSignals([dialog.applied, dialog.accepted], order="strict"):
         dialog.ok_button.click()
     assert AppConfig.load(store).max_k == 12
@@ -172,3 +178,105 @@ def test_system_prompt_dialog_falls_back_to_the_default(qtbot):
     dialog.edit.clear()
     assert dialog.prompt() == ""
     assert dialog.effective_prompt() == "You are a helpful assistant."
+
+
+# --- safe settings ---------------------------------------------------------------------------------
+
+
+def test_a_target_path_that_does_not_exist_is_refused_and_not_saved(qtbot, open_dialog, store, tmp_path):
+    dialog = open_dialog(AppConfig(drafter="ngram"))
+    wait_until_applicable(qtbot, dialog)
+    dialog.target_picker.set_spec(str(tmp_path / "no-such-model"))
+    qtbot.waitUntil(lambda: "No model at" in dialog.target_reason.text(), timeout=PROBE_TIMEOUT_MS)
+    assert "no-such-model" in dialog.target_reason.text()
+    assert not dialog.apply_button.isEnabled() and not dialog.ok_button.isEnabled()
+    with qtbot.assertNotEmitted(dialog.applied):
+        assert dialog.apply() is False
+    assert store.get_setting(STORE_KEY) is None
+
+
+def test_a_folder_without_weights_is_refused_as_a_target(qtbot, open_dialog, same_tokenizer_draft):
+    dialog = open_dialog(AppConfig(drafter="ngram", target=str(same_tokenizer_draft)))
+    qtbot.waitUntil(lambda: "safetensors" in dialog.target_reason.text(), timeout=PROBE_TIMEOUT_MS)
+    assert not dialog.apply_button.isEnabled()
+
+
+def test_cancel_after_apply_puts_back_the_config_the_dialog_opened_with(qtbot, open_dialog, store):
+    opened = AppConfig(drafter="ngram", max_k=6)
+    dialog = open_dialog(opened)
+    dialog.max_k_spin.setValue(11)
+    wait_until_applicable(qtbot, dialog)
+    dialog.apply_button.click()
+    assert AppConfig.load(store).max_k == 11
+    with qtbot.waitSignal(dialog.applied) as reverted:
+        dialog.buttons.button(dialog.buttons.StandardButton.Cancel).click()
+    assert reverted.args[0] == opened
+    assert AppConfig.load(store) == opened
+
+
+# --- polish ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints")  # the offscreen platform's, on show()
+def test_the_dialog_fits_a_1366x768_screen(qtbot, open_dialog):
+    dialog = open_dialog(AppConfig())
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    assert dialog.frameGeometry().height() <= 768 - 60  # a panel and the title bar
+    assert dialog.frameGeometry().width() <= 1366
+    assert dialog.minimumSizeHint().height() <= 768 - 60
+    for label in (dialog.memory_label, dialog.draft_reason, dialog.target_reason, dialog.quantization_note):
+        assert label.wordWrap()  # long notes wrap instead of being cut
+
+
+def test_every_option_has_a_tooltip_and_p_min_is_explained(open_dialog):
+    dialog = open_dialog(AppConfig())
+    widgets = dialog.w.option_widgets()
+    assert len(widgets) >= 20
+    assert [w for w in widgets if not w.toolTip()] == []
+    assert "confidence" in dialog.p_min_spin.toolTip()
+
+
+def test_max_k_follows_adaptive_and_k_follows_fixed(open_dialog):
+    dialog = open_dialog(AppConfig(k_mode="adaptive"))
+    assert dialog.max_k_spin.isEnabled() and not dialog.k_spin.isEnabled()
+    dialog.adaptive_box.setChecked(False)
+    assert not dialog.max_k_spin.isEnabled() and dialog.k_spin.isEnabled()
+
+
+def test_cuda_is_offered_only_when_torch_sees_a_gpu(qtbot, open_dialog):
+    import torch
+
+    dialog = open_dialog(AppConfig(device="cuda"))
+    qtbot.waitUntil(lambda: dialog.device_note.text() != "", timeout=PROBE_TIMEOUT_MS)
+    offered = [dialog.device_combo.itemData(i) for i in range(dialog.device_combo.count())]
+    assert ("cuda" in offered) == torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        assert dialog.device_combo.currentData() == "auto"
+        assert "No CUDA GPU" in dialog.device_note.text()
+        assert "not compiled" not in dialog.device_note.text()
+
+
+def test_the_drafter_choice_says_why_in_one_line(open_dialog):
+    dialog = open_dialog(AppConfig())
+    assert dialog.drafter_reason.text()
+    assert "\n" not in dialog.drafter_reason.text()
+
+
+def test_stop_strings_are_carried_one_per_line(qtbot, open_dialog, store):
+    dialog = open_dialog(AppConfig(drafter="ngram"))
+    dialog.stop_edit.setPlainText("END\n###")
+    wait_until_applicable(qtbot, dialog)
+    with qtbot.waitSignal(dialog.applied) as applied:
+        dialog.apply_button.click()
+    assert applied.args[0].stops() == ("END", "###")
+
+
+def test_server_mode_needs_a_url_and_skips_the_local_model_checks(qtbot, open_dialog):
+    dialog = open_dialog(AppConfig(drafter="ngram"))
+    dialog.server_radio.setChecked(True)
+    assert not dialog.target_picker.isEnabled()
+    assert not dialog.apply_button.isEnabled() and "http" in dialog.error_label.text()
+    dialog.server_url_edit.setText("http://127.0.0.1:8080/v1")
+    assert dialog.apply_button.isEnabled()
+    assert dialog.config().backend == "server"

@@ -1,0 +1,307 @@
+"""The settings dialog's widgets and pages: what each option is called, what its tooltip says, where it sits.
+
+No behaviour beyond layout here; app/settings_dialog.py reads and checks the values.
+"""
+
+from __future__ import annotations
+
+from app.config import COMPILED, DTYPES, QUANTIZATIONS
+from app.qt import Qt, QtWidgets, Signal
+from engine.settings import MAX_K
+
+HUB_NOTE = "A hub id (owner/name) is downloaded when the models load; the status bar shows its progress."
+
+DRAFTER_LABELS = {
+    "auto": "Automatic (measured here)",
+    "model": "Draft model",
+    "ngram": "N-gram lookup",
+    "suffix": "Suffix lookup",
+    "none": "None (plain decoding)",
+}
+
+TIPS = {
+    "backend": "Where replies are computed: the models on this computer, or an OpenAI-compatible server "
+    "(tandem-cli serve, llama.cpp's llama-server, vLLM, SGLang).",
+    "server_url": "The server's base URL, e.g. http://127.0.0.1:8080/v1.",
+    "api_key": "Sent as a bearer token. Kept in the system keyring (or a private file), never in the "
+    "conversation database or the settings.",
+    "target": "The model that answers. Its output is exactly what you get: drafting only makes it faster.",
+    "drafter": "What proposes tokens for the target to check in one pass. Automatic tries the drafters "
+    "on this machine and keeps the fastest; None decodes plainly.",
+    "draft": "A small model sharing the target's tokenizer. Models that cannot draft for this target are "
+    "greyed out, with the reason in their tooltip.",
+    "quantization": "Store the draft's weights in 8 or 4 bits: less memory, and on CPUs INT8 is faster.",
+    "draft_on_cpu": "Keep the draft in main memory and run it on the CPU, leaving GPU memory to the target.",
+    "device": "Where the models run. 'auto' picks the GPU when torch sees one. 'cuda' is offered only "
+    "when torch sees a CUDA GPU.",
+    "dtype": "The target's number format. 'auto' is bf16/fp16 on a GPU and fp32 on a CPU.",
+    "compiled": "torch.compile the forwards: faster replies after a compile at load time (minutes on a CPU). "
+    "'auto' compiles on CUDA only.",
+    "adaptive": "Choose K, the number of drafted tokens per round, from what this machine measures: "
+    "acceptance and the cost of checking K tokens.",
+    "k": "Draft exactly this many tokens every round (when Adaptive K is off).",
+    "max_k": "The most tokens adaptive K may draft in one round.",
+    "p_min": "Stop drafting a round early once the draft's confidence in its next token falls below "
+    "p_min (0 = never). Higher values waste less verify work on guesses the target would reject.",
+    "temperature": "0 always picks the most likely token (greedy); higher values vary the reply more.",
+    "top_p": "Sample only from the most likely tokens whose probabilities add up to p (1 = all).",
+    "top_k": "Sample only from the k most likely tokens (off = all).",
+    "max_new_tokens": "The longest reply, in tokens.",
+    "seed": "The same seed, prompt and settings give the same reply (random = a new one each time).",
+    "stop": "The reply ends when it produces any of these strings, one per line; the string is not shown.",
+    "system_prompt": "Sent before every new conversation; each conversation can override it.",
+}
+
+
+class ModelPicker(QtWidgets.QWidget):
+    """An editable list of model specs with buttons to pick a local folder or a GGUF file."""
+
+    changed = Signal()
+
+    def __init__(self, specs: list[str], parent: QtWidgets.QWidget | None = None):
+        super().__init__(parent)
+        self.combo = QtWidgets.QComboBox()
+        self.combo.setEditable(True)
+        self.combo.setInsertPolicy(QtWidgets.QComboBox.InsertPolicy.NoInsert)
+        self.combo.setSizeAdjustPolicy(
+            QtWidgets.QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
+        self.combo.setMinimumContentsLength(24)
+        self.add_specs(specs)
+        folder_button = QtWidgets.QPushButton("Folder…")
+        gguf_button = QtWidgets.QPushButton("GGUF…")
+        folder_button.setToolTip("Choose a Hugging Face model folder (safetensors)")
+        gguf_button.setToolTip("Choose a .gguf file")
+        folder_button.clicked.connect(self._pick_folder)
+        gguf_button.clicked.connect(self._pick_gguf)
+        layout = QtWidgets.QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.combo, 1)
+        layout.addWidget(folder_button)
+        layout.addWidget(gguf_button)
+        self.combo.currentTextChanged.connect(lambda _text: self.changed.emit())
+
+    def add_specs(self, specs: list[str]) -> None:
+        for spec in specs:
+            if self.combo.findData(spec) < 0:
+                self.combo.addItem(spec, spec)
+
+    def specs(self) -> list[str]:
+        return [self.combo.itemData(i) for i in range(self.combo.count())]
+
+    def spec(self) -> str:
+        return self.combo.currentText().strip()
+
+    def set_spec(self, spec: str) -> None:
+        if spec and self.combo.findData(spec) < 0:
+            self.combo.addItem(spec, spec)
+        index = self.combo.findData(spec)
+        if index >= 0:
+            self.combo.setCurrentIndex(index)
+        else:
+            self.combo.setCurrentText(spec)
+
+    def mark(self, spec: str, ok: bool | None, reason: str) -> None:
+        """Show a listed model's compatibility: incompatible ones cannot be chosen, and say why."""
+        index = self.combo.findData(spec)
+        # Touching the current item would make an edited combo put back that item's text.
+        if index < 0 or index == self.combo.currentIndex():
+            return
+        item = self.combo.model().item(index)
+        item.setEnabled(ok is not False)
+        item.setToolTip(reason if ok is not False else f"Incompatible: {reason}")
+
+    def _pick_folder(self) -> None:
+        folder = QtWidgets.QFileDialog.getExistingDirectory(self, "Choose a model folder")
+        if folder:
+            self.set_spec(folder)
+
+    def _pick_gguf(self) -> None:
+        path, _ = QtWidgets.QFileDialog.getOpenFileName(self, "Choose a GGUF file", "", "GGUF files (*.gguf)")
+        if path:
+            self.set_spec(path)
+
+
+class SettingsWidgets:
+    """Every input and note of the settings dialog, with its tooltip, laid out on tabs."""
+
+    def __init__(self, specs: list[str]):
+        self.local_radio = QtWidgets.QRadioButton("This computer")
+        self.server_radio = QtWidgets.QRadioButton("A server")
+        self.server_url_edit = QtWidgets.QLineEdit()
+        self.server_url_edit.setPlaceholderText("http://127.0.0.1:8080/v1")
+        self.api_key_edit = QtWidgets.QLineEdit()
+        self.api_key_edit.setEchoMode(QtWidgets.QLineEdit.EchoMode.Password)
+        self.api_key_edit.setPlaceholderText("optional")
+        self.target_picker = ModelPicker(specs)
+        self.draft_picker = ModelPicker(specs)
+        self.drafter_combo = choices(DRAFTER_LABELS)
+        self.quantization_combo = choices({q: q.upper() if q != "none" else "None" for q in QUANTIZATIONS})
+        self.draft_on_cpu_box = QtWidgets.QCheckBox("Run the draft on the CPU")
+        self.device_combo = choices({"auto": "auto", "cpu": "cpu"})
+        self.dtype_combo = choices({d: d for d in DTYPES})
+        self.compiled_combo = choices({c: c for c in COMPILED})
+        self.target_reason = note_label()
+        self.draft_reason = note_label()
+        self.draft_reason.setObjectName("draftReason")
+        self.drafter_reason = note_label()
+        self.quantization_note = note_label()
+        self.device_note = note_label()
+        self.kernel_note = note_label()
+        self.memory_label = note_label()
+
+        self.adaptive_box = QtWidgets.QCheckBox("Adaptive K")
+        self.k_spin = spin(1, MAX_K)
+        self.max_k_spin = spin(1, MAX_K)
+        self.p_min_spin = double_spin(0.0, 0.99, 0.05)
+
+        self.temperature_spin = double_spin(0.0, 5.0, 0.1)
+        self.top_p_spin = double_spin(0.01, 1.0, 0.05)
+        self.top_k_spin = spin(0, 100_000)
+        self.top_k_spin.setSpecialValueText("off")
+        self.max_new_tokens_spin = spin(1, 1_000_000)
+        self.seed_spin = spin(-1, 2**31 - 1)
+        self.seed_spin.setSpecialValueText("random")
+        self.stop_edit = QtWidgets.QPlainTextEdit()
+        self.stop_edit.setPlaceholderText("one stop string per line")
+        self.stop_edit.setMaximumHeight(60)
+        self.system_prompt_edit = QtWidgets.QPlainTextEdit()
+        self.system_prompt_edit.setMaximumHeight(80)
+        self._set_tooltips()
+
+    def _set_tooltips(self) -> None:
+        for widget, tip in (
+            (self.local_radio, "backend"), (self.server_radio, "backend"),
+            (self.server_url_edit, "server_url"), (self.api_key_edit, "api_key"),
+            (self.target_picker.combo, "target"), (self.drafter_combo, "drafter"),
+            (self.draft_picker.combo, "draft"), (self.quantization_combo, "quantization"),
+            (self.draft_on_cpu_box, "draft_on_cpu"), (self.device_combo, "device"),
+            (self.dtype_combo, "dtype"), (self.compiled_combo, "compiled"),
+            (self.adaptive_box, "adaptive"), (self.k_spin, "k"), (self.max_k_spin, "max_k"),
+            (self.p_min_spin, "p_min"), (self.temperature_spin, "temperature"), (self.top_p_spin, "top_p"),
+            (self.top_k_spin, "top_k"), (self.max_new_tokens_spin, "max_new_tokens"),
+            (self.seed_spin, "seed"), (self.stop_edit, "stop"), (self.system_prompt_edit, "system_prompt"),
+        ):  # fmt: skip
+            widget.setToolTip(TIPS[tip])
+
+    def option_widgets(self) -> list[QtWidgets.QWidget]:
+        """Every input the user sets (each has a tooltip)."""
+        return [w for w in vars(self).values() if isinstance(w, (QtWidgets.QAbstractButton, QtWidgets.QComboBox,
+                QtWidgets.QAbstractSpinBox, QtWidgets.QLineEdit, QtWidgets.QPlainTextEdit))]  # fmt: skip
+
+    def tabs(self) -> QtWidgets.QTabWidget:
+        tabs = QtWidgets.QTabWidget()
+        tabs.addTab(scrolled(self._models_form()), "Models")
+        tabs.addTab(scrolled(self._speculation_form()), "Speculation")
+        tabs.addTab(scrolled(self._sampling_form()), "Sampling")
+        return tabs
+
+    def _models_form(self) -> QtWidgets.QFormLayout:
+        where = QtWidgets.QHBoxLayout()
+        where.addWidget(self.local_radio)
+        where.addWidget(self.server_radio)
+        where.addStretch(1)
+        form = form_layout()
+        form.addRow("Run on:", where)
+        form.addRow("Server URL:", self.server_url_edit)
+        form.addRow("API key:", self.api_key_edit)
+        form.addRow("Target:", self.target_picker)
+        form.addRow("", self.target_reason)
+        form.addRow("", note_label(HUB_NOTE))
+        form.addRow("Drafter:", self.drafter_combo)
+        form.addRow("", self.drafter_reason)
+        form.addRow("Draft model:", self.draft_picker)
+        form.addRow("", self.draft_reason)
+        form.addRow("Draft quantization:", self.quantization_combo)
+        form.addRow("", self.quantization_note)
+        form.addRow("", self.draft_on_cpu_box)
+        form.addRow("Device:", self.device_combo)
+        form.addRow("", self.device_note)
+        form.addRow("Data type:", self.dtype_combo)
+        form.addRow("torch.compile:", self.compiled_combo)
+        form.addRow("Kernel:", self.kernel_note)
+        form.addRow("Memory:", self.memory_label)
+        return form
+
+    def _speculation_form(self) -> QtWidgets.QFormLayout:
+        form = form_layout()
+        form.addRow("", self.adaptive_box)
+        form.addRow("K (fixed):", self.k_spin)
+        form.addRow("Max K:", self.max_k_spin)
+        form.addRow("p_min:", self.p_min_spin)
+        form.addRow("", note_label(TIPS["p_min"]))
+        return form
+
+    def _sampling_form(self) -> QtWidgets.QFormLayout:
+        form = form_layout()
+        form.addRow("Temperature:", self.temperature_spin)
+        form.addRow("Top-p:", self.top_p_spin)
+        form.addRow("Top-k:", self.top_k_spin)
+        form.addRow("Max new tokens:", self.max_new_tokens_spin)
+        form.addRow("Seed:", self.seed_spin)
+        form.addRow("Stop strings:", self.stop_edit)
+        form.addRow("Default system prompt:", self.system_prompt_edit)
+        return form
+
+
+def form_layout() -> QtWidgets.QFormLayout:
+    form = QtWidgets.QFormLayout()
+    # Long notes wrap under their field instead of widening the dialog past the screen.
+    form.setRowWrapPolicy(QtWidgets.QFormLayout.RowWrapPolicy.WrapLongRows)
+    form.setFieldGrowthPolicy(QtWidgets.QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+    return form
+
+
+def scrolled(form: QtWidgets.QFormLayout) -> QtWidgets.QScrollArea:
+    page = QtWidgets.QWidget()
+    page.setLayout(form)
+    area = QtWidgets.QScrollArea()
+    area.setWidgetResizable(True)
+    area.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
+    area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    area.setWidget(page)
+    return area
+
+
+def choices(options: dict[str, str]) -> QtWidgets.QComboBox:
+    combo = QtWidgets.QComboBox()
+    set_choices(combo, options)
+    return combo
+
+
+def set_choices(combo: QtWidgets.QComboBox, options: dict[str, str]) -> None:
+    """Replace the options, keeping the current one when it is still offered."""
+    current = combo.currentData()
+    combo.blockSignals(True)
+    combo.clear()
+    for value, label in options.items():
+        combo.addItem(label, value)
+    combo.blockSignals(False)
+    select(combo, current if current in options else next(iter(options)))
+
+
+def select(combo: QtWidgets.QComboBox, value: str) -> None:
+    index = combo.findData(value)
+    combo.setCurrentIndex(max(index, 0))
+
+
+def spin(low: int, high: int) -> QtWidgets.QSpinBox:
+    box = QtWidgets.QSpinBox()
+    box.setRange(low, high)
+    return box
+
+
+def double_spin(low: float, high: float, step: float) -> QtWidgets.QDoubleSpinBox:
+    box = QtWidgets.QDoubleSpinBox()
+    box.setRange(low, high)
+    box.setSingleStep(step)
+    box.setDecimals(2)
+    return box
+
+
+def note_label(text: str = "") -> QtWidgets.QLabel:
+    label = QtWidgets.QLabel(text)
+    label.setWordWrap(True)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    label.setSizePolicy(QtWidgets.QSizePolicy.Policy.Preferred, QtWidgets.QSizePolicy.Policy.MinimumExpanding)
+    return label

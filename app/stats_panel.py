@@ -96,7 +96,7 @@ class StatsPanel(QtWidgets.QWidget):
         self._caption = QtWidgets.QLabel()
         self._caption.setWordWrap(True)
         self._values: dict[str, QtWidgets.QLabel] = {}
-        form = QtWidgets.QFormLayout()
+        self._form = form = QtWidgets.QFormLayout()
         form.setRowWrapPolicy(QtWidgets.QFormLayout.RowWrapPolicy.WrapLongRows)
         for key, label in FIELDS:
             value = QtWidgets.QLabel(DASH)
@@ -164,9 +164,12 @@ class StatsPanel(QtWidgets.QWidget):
     def reset(self) -> None:
         self._plot_timer.stop()
         self._stats = None
-        self._caption.setText("<b>Before the first reply</b>")
+        self._caption.setText(
+            "<b>Before the first reply</b><br>The numbers appear as soon as a reply starts."
+        )
         for key, text in empty_stats(self._drafter).items():
             self._values[key].setText(text)
+            self._form.setRowVisible(self._values[key], key == "drafter")
         self._note.clear()
         self._note.setVisible(False)
         self._lengths_curve.setData([], [])
@@ -205,6 +208,7 @@ class StatsPanel(QtWidgets.QWidget):
     def _show_numbers(self, stats: GenerationStats) -> None:
         for key, text in format_stats(stats).items():
             self._values[key].setText(text)
+            self._form.setRowVisible(self._values[key], True)
         text = notice(stats)
         self._note.setText(text)
         self._note.setVisible(bool(text))

@@ -1,6 +1,7 @@
 """Screenshots of the main window, light and dark, with a real reply from the built-in pair.
 
-Run through packaging/screenshots.sh, which starts a real X server (Xvfb) and a window manager. The
+packaging/walkthrough.sh takes the same three pictures as part of a full walk through the app; this
+script takes only them. Run through packaging/screenshots.sh, which starts a real X server (Xvfb) and a window manager. The
 window is populated the way a user would see it: a few earlier conversations in the sidebar, then one
 prompt answered live by the built-in models with token colouring on.
 
@@ -18,29 +19,19 @@ sys.path.insert(0, str(ROOT))
 
 from app.config import AppConfig  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
-from app.qt import QObject, QtGui, QTimer, QtWidgets, Slot  # noqa: E402
+from app.qt import QObject, QTimer, QtWidgets, Slot  # noqa: E402
 from engine.store.database import Store  # noqa: E402
 
 PROMPT = "Write a Python function that checks whether a number is prime, with a short explanation."
 EARLIER = [
     ("Packing list for a weekend hike", "What should I pack for a two-day hike?"),
-    ("Explain speculative decoding", "How can a small model make a big one faster without changing its output?"),
+    (
+        "Explain speculative decoding",
+        "How can a small model make a big one faster without changing its output?",
+    ),
     ("SQL: latest order per customer", "Write a query for each customer's latest order."),
 ]
 TIMEOUT_S = 600
-
-
-def dark_palette() -> QtGui.QPalette:
-    role, colour = QtGui.QPalette.ColorRole, QtGui.QColor
-    palette = QtGui.QPalette()
-    for name, value in {
-        role.Window: "#2b2d30", role.WindowText: "#dfe1e5", role.Base: "#1e1f22", role.AlternateBase: "#2b2d30",
-        role.Text: "#dfe1e5", role.Button: "#3c3f41", role.ButtonText: "#dfe1e5", role.Highlight: "#2f65ca",
-        role.HighlightedText: "#ffffff", role.ToolTipBase: "#3c3f41", role.ToolTipText: "#dfe1e5",
-        role.Link: "#6ea8ff", role.PlaceholderText: "#8c8f94", role.Mid: "#45484c",
-    }.items():
-        palette.setColor(name, colour(value))
-    return palette
 
 
 class Shooter(QObject):
@@ -71,10 +62,9 @@ class Shooter(QObject):
     @Slot()
     def shoot(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        light = self.app.style().standardPalette()
-        shots = (("light", light, True), ("dark", dark_palette(), True), ("formatted-dark", dark_palette(), False))
-        for name, palette, coloured in shots:
-            self.app.setPalette(palette)
+        shots = (("light", "light", True), ("dark", "dark", True), ("formatted-dark", "dark", False))
+        for name, mode, coloured in shots:
+            self.window.set_appearance(mode, save=False)
             self.window.chat_view.set_coloured(coloured)
             for _ in range(5):
                 self.app.processEvents()

@@ -19,7 +19,8 @@ from engine.errors import InvalidTextError
 
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "streaming", "cancelled", "error", "interrupted")
-FINAL_STATUSES = ("complete", "cancelled", "error")
+# "interrupted" is also how a reply ends whose server stream broke off mid-reply (engine.remote)
+FINAL_STATUSES = ("complete", "cancelled", "error", "interrupted")
 
 
 def utc_now() -> str:

@@ -1,0 +1,531 @@
+"""`tandem-cli serve` as a real process on the loopback, the remote backend and `tandem-cli chat --server`
+against it, load (16 concurrent streams) and faults (disconnects, kill -9).
+
+The server runs the built-in model with the n-gram drafter, so it starts in seconds and needs no
+draft model. Greedy replies make texts comparable between requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.models.builtin import DEFAULT_TARGET
+
+API_KEY = "test-key-7c1d"
+KEY_ENV = "TANDEM_TEST_SERVER_KEY"
+CLI = [sys.executable, "-m", "engine.cli.main"]
+START_TIMEOUT_S = 300
+PROMPT = [{"role": "user", "content": "List the days of the week."}]
+LONG_PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
+
+
+class ServerProcess:
+    """A `tandem-cli serve` subprocess; its URL is read from the 'Listening on' line it prints."""
+
+    def __init__(self, *extra: str, env: dict | None = None):
+        self.env = {**os.environ, KEY_ENV: API_KEY, **(env or {})}
+        self.process = subprocess.Popen(
+            [*CLI, "serve", "--draft", "ngram", "--port", "0", "--max-new-tokens", "24", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
+        )  # fmt: skip
+        self.stderr: list[str] = []
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self.url = self._wait_for_url()
+
+    def _drain_stderr(self) -> None:
+        for line in self.process.stderr:
+            self.stderr.append(line)
+
+    def _wait_for_url(self) -> str:
+        found: list[str] = []
+
+        def read() -> None:
+            for line in self.process.stdout:
+                if line.startswith("Listening on "):
+                    found.append(line.split()[-1])
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        if not found:
+            self.stop()
+            raise RuntimeError("tandem-cli serve did not start:\n" + "".join(self.stderr[-20:]))
+        return found[0]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server():
+    process = ServerProcess("--api-key-env", KEY_ENV, "--max-queue", "2")
+    yield process
+    process.stop()
+
+
+@pytest.fixture()
+def client(server):
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120
+    ) as http:
+        yield http
+
+
+def chat_body(messages=PROMPT, **extra) -> dict:
+    return {"model": DEFAULT_TARGET, "messages": messages, "temperature": 0, **extra}
+
+
+def metrics(client) -> dict:
+    """The server's /metrics samples, keyed by (name, sorted labels without model_name)."""
+    from engine.server.metrics import parse_prometheus
+
+    page = client.get("/metrics").text
+    return {
+        (name, tuple(sorted((k, v) for k, v in labels.items() if k != "model_name"))): value
+        for name, labels, value in parse_prometheus(page)
+    }
+
+
+def outcome_count(client, outcome: str) -> float:
+    return metrics(client).get(("tandem:request_total", (("outcome", outcome),)), 0.0)
+
+
+def served_rounds(samples: dict) -> float:
+    """Rounds that drafted, as counted by the server (vLLM's num_drafts)."""
+    return samples.get(("tandem:spec_decode_num_drafts_total", ()), 0.0)
+
+
+def wait_until(condition, timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def sse_events(response) -> list:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[6:]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+# --- the HTTP API -------------------------------------------------------------------------------
+
+
+def test_health_and_models(server, client):
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"  # needs no key
+    listing = client.get("/v1/models").json()
+    assert [m["id"] for m in listing["data"]] == [DEFAULT_TARGET]
+    assert listing["data"][0]["max_model_len"] > 0
+
+
+def test_reply_carries_llama_cpp_timings_and_tandem_stats(client):
+    before = metrics(client)
+    reply = client.post("/v1/chat/completions", json=chat_body(max_tokens=16)).json()
+    after = metrics(client)
+    text = reply["choices"][0]["message"]["content"]
+    assert text and reply["choices"][0]["finish_reason"] in ("stop", "length")
+    timings, tandem, usage = reply["timings"], reply["tandem"], reply["usage"]
+    assert usage["completion_tokens"] == timings["predicted_n"] == tandem["generated_tokens"]
+    assert usage["prompt_tokens"] == timings["prompt_n"] + timings["cache_n"] == tandem["prompt_tokens"]
+    assert timings["draft_n"] == tandem["drafted"] and timings["draft_n_accepted"] == tandem["accepted"]
+    assert timings["predicted_per_second"] == pytest.approx(
+        tandem["generated_tokens"] / (tandem["total_time_s"] - tandem["prefill_time_s"])
+    )
+    assert tandem["drafter"] == "ngram" and tandem["source"] == "tandem-server"
+    assert tandem["mean_accepted_length"] == pytest.approx(sum(tandem["accepted_lengths"]) / tandem["rounds"])
+    # vLLM-named counters moved by exactly what the reply reported
+    delta = lambda name: after[(name, ())] - before.get((name, ()), 0.0)  # noqa: E731
+    assert delta("tandem:spec_decode_num_draft_tokens_total") == tandem["drafted"]
+    assert delta("tandem:spec_decode_num_accepted_tokens_total") == tandem["accepted"]
+    assert delta("tandem:generation_tokens_total") == tandem["generated_tokens"]
+    drafts = tandem["per_position_drafted"][0] if tandem["per_position_drafted"] else 0
+    assert delta("tandem:spec_decode_num_drafts_total") == drafts
+
+
+def test_streaming_matches_plain_reply_through_the_openai_client(server):
+    import openai
+
+    api = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+    plain = api.chat.completions.create(model=DEFAULT_TARGET, messages=PROMPT, temperature=0, max_tokens=20)
+    stream = api.chat.completions.create(
+        model=DEFAULT_TARGET, messages=PROMPT, temperature=0, max_tokens=20, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    pieces, usage, finish = [], None, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+        usage = chunk.usage or usage
+    assert "".join(pieces) == plain.choices[0].message.content
+    assert finish == plain.choices[0].finish_reason
+    assert usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_stream_chunks_carry_round_progress_and_final_stats(client):
+    with client.stream(
+        "POST", "/v1/chat/completions", json=chat_body(stream=True, max_tokens=12)
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    final = events[-2]
+    assert final["choices"][0]["finish_reason"] in ("stop", "length")
+    assert final["usage"]["completion_tokens"] == final["timings"]["predicted_n"]
+    rounds = [e["tandem"]["rounds"] for e in events[1:-2] if "tandem" in e]
+    assert rounds == sorted(rounds) and rounds[-1] <= final["tandem"]["rounds"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        (b"{not json", 400, "invalid_json", None),
+        (chat_body(model="no-such-model"), 404, "model_not_found", "model"),
+        (chat_body(n=2), 400, "unsupported_field", "n"),
+        (
+            chat_body(tools=[{"type": "function", "function": {"name": "f"}}]),
+            400,
+            "unsupported_field",
+            "tools",
+        ),
+        (chat_body(frobnicate=True), 400, "unsupported_field", "frobnicate"),
+        (chat_body(temperature=9), 400, None, "temperature"),
+        (chat_body(messages=[]), 400, None, "messages"),
+        (
+            chat_body(messages=[{"role": "user", "content": "word " * 3000}]),
+            400,
+            "context_length_exceeded",
+            "messages",
+        ),
+    ],
+    ids=[
+        "bad-json",
+        "unknown-model",
+        "n>1",
+        "tools",
+        "unknown-field",
+        "temperature",
+        "no-messages",
+        "past-context",
+    ],
+)
+def test_bad_requests_get_openai_error_objects(client, body, status, code, param):
+    if isinstance(body, bytes):
+        response = client.post(
+            "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+        )
+    else:
+        response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["message"] and error["type"] and error["code"] == code and error["param"] == param
+
+
+def test_context_overflow_is_refused_before_streaming(client):
+    body = chat_body(messages=[{"role": "user", "content": "word " * 3000}], stream=True)
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_api_key_is_required_and_checked(server):
+    url = f"{server.url}/v1/models"
+    assert httpx.get(url).status_code == 401
+    wrong = httpx.get(url, headers={"Authorization": "Bearer not-the-key"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{server.url}/metrics").status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+
+
+def test_binding_beyond_the_loopback_needs_an_api_key():
+    result = subprocess.run(
+        [*CLI, "serve", "--host", "0.0.0.0", "--port", "0"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert "API key" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- queue, disconnects, load --------------------------------------------------------------------
+
+
+def test_full_queue_answers_503_and_queued_requests_still_complete(server, client):
+    with client.stream(
+        "POST", "/v1/chat/completions", json=chat_body(LONG_PROMPT, stream=True, max_tokens=400)
+    ) as running:
+        lines = running.iter_lines()
+        assert next(lines).startswith("data: ")  # the engine has started on it
+        results: list[int] = []
+
+        def queued() -> None:
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=4),
+                                  headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300)  # fmt: skip
+            results.append(response.status_code)
+
+        waiting = [threading.Thread(target=queued) for _ in range(2)]
+        for thread in waiting:
+            thread.start()
+        wait_until(lambda: client.get("/health").json()["queue_depth"] == 3, what="two requests queued")
+        busy = client.post("/v1/chat/completions", json=chat_body(max_tokens=4))
+        assert busy.status_code == 503
+        assert busy.json()["error"]["code"] == "server_busy" and busy.headers["retry-after"]
+    # leaving the block closed the running stream: the queued requests run next
+    for thread in waiting:
+        thread.join(300)
+    assert results == [200, 200]
+
+
+def test_client_disconnect_cancels_generation(client):
+    cancelled = outcome_count(client, "cancelled")
+    before = metrics(client)
+    with client.stream(
+        "POST", "/v1/chat/completions", json=chat_body(LONG_PROMPT, stream=True, max_tokens=400)
+    ) as response:
+        contents = 0
+        for line in response.iter_lines():
+            if '"content": "' in line and '"content": ""' not in line:
+                contents += 1
+            if contents == 3:
+                break
+    wait_until(lambda: outcome_count(client, "cancelled") == cancelled + 1, what="the cancel")
+    wait_until(lambda: client.get("/health").json()["queue_depth"] == 0, what="the engine to stop")
+    after = metrics(client)
+    generated = after[("tandem:generation_tokens_total", ())] - before[("tandem:generation_tokens_total", ())]
+    assert 3 <= generated < 400  # stopped long before max_tokens
+    assert (
+        after[("tandem:cancel_latency_seconds_count", ())]
+        == before[("tandem:cancel_latency_seconds_count", ())] + 1
+    )
+
+
+def test_non_streaming_client_that_gives_up_cancels_too(server, client):
+    cancelled = outcome_count(client, "cancelled")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/chat/completions", json=chat_body(LONG_PROMPT, max_tokens=400),
+                   headers={"Authorization": f"Bearer {API_KEY}"}, timeout=httpx.Timeout(2.0, connect=5.0))  # fmt: skip
+    wait_until(lambda: outcome_count(client, "cancelled") == cancelled + 1, what="the cancel")
+    wait_until(lambda: client.get("/health").json()["queue_depth"] == 0, what="the engine to stop")
+
+
+def test_cancel_latency_is_measured(client, tmp_path):
+    """Ten disconnects mid-stream; the figures (client close -> engine stopped) go to the report."""
+    from engine.server.metrics import quantile
+
+    observed = []
+    for _ in range(10):
+        count = metrics(client).get(("tandem:cancel_latency_seconds_count", ()), 0.0)
+        with client.stream(
+            "POST", "/v1/chat/completions", json=chat_body(LONG_PROMPT, stream=True, max_tokens=400)
+        ) as response:
+            lines = response.iter_lines()
+            while '"content": "' not in next(lines).replace('"content": ""', ""):
+                pass
+            closed = time.monotonic()
+        wait_until(
+            lambda count=count: metrics(client).get(("tandem:cancel_latency_seconds_count", ()), 0.0) == count + 1,
+            what="the cancel",
+        )  # fmt: skip
+        observed.append(time.monotonic() - closed)
+    server_p95 = metrics(client)[("tandem:cancel_latency_seconds", (("quantile", "0.95"),))]
+    report = {
+        "client_observed_p95_s": quantile(observed, 0.95),
+        "server_p95_s": server_p95,
+        "n": len(observed),
+    }
+    print(f"cancel latency: {report}")
+    Path(os.environ.get("TANDEM_CANCEL_REPORT", tmp_path / "cancel.json")).write_text(json.dumps(report))
+    assert len(observed) == 10
+
+
+def test_sixteen_concurrent_streams_each_complete_or_get_503(server, client):
+    completed_before, busy_before = outcome_count(client, "completed"), outcome_count(client, "busy")
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def one_client(i: int) -> None:
+        body = chat_body([{"role": "user", "content": f"Say the number {i}."}], stream=True, max_tokens=6)
+        try:
+            with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(300, connect=10),
+                              headers={"Authorization": f"Bearer {API_KEY}"}) as response:  # fmt: skip
+                if response.status_code == 503:
+                    response.read()
+                    outcome = "busy" if response.json()["error"]["code"] == "server_busy" else "bad-503"
+                elif response.status_code == 200:
+                    events = sse_events(response)
+                    ok = events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"]
+                    outcome = "completed" if ok else "truncated"
+                else:
+                    outcome = f"http-{response.status_code}"
+        except httpx.HTTPError as error:
+            outcome = f"error: {error!r}"
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=one_client, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    assert len(outcomes) == 16  # none lost
+    assert set(outcomes) <= {"completed", "busy"}, outcomes
+    assert outcomes.count("completed") >= 3  # one running and two waiting at the least
+    assert outcome_count(client, "completed") - completed_before == outcomes.count("completed")
+    assert outcome_count(client, "busy") - busy_before == outcomes.count("busy")
+
+
+# --- the remote backend and `tandem-cli chat --server` ---------------------------------------
+
+
+def test_remote_engine_streams_and_shows_the_servers_stats(server, client):
+    from engine.backend import ChatBackend
+    from engine.events import Finished, RoundStats, TextPiece
+    from engine.remote import RemoteEngine
+
+    plain = client.post("/v1/chat/completions", json=chat_body(max_tokens=16)).json()
+    remote = RemoteEngine(server.url, api_key=API_KEY)
+    assert isinstance(remote, ChatBackend)
+    remote.prepare()
+    assert remote.model_name == DEFAULT_TARGET and remote.server_kind == "tandem-server"
+    remote.sampling.max_new_tokens = 16
+    events = []
+    before = metrics(client)
+    finished = remote.respond(PROMPT, on_event=events.append)
+    after = metrics(client)
+    assert finished.text == plain["choices"][0]["message"]["content"]
+    assert "".join(e.text for e in events if isinstance(e, TextPiece)) == finished.text
+    assert any(isinstance(e, RoundStats) for e in events) and isinstance(events[-1], Finished)
+    stats = finished.stats
+    assert stats.source == "tandem-server" and stats.unreported == []
+    # the same figures the server counted for this request (n-gram drafts differ from the plain
+    # request's, as the drafter learns from earlier replies; the text does not)
+    delta = lambda name: after[(name, ())] - before[(name, ())]  # noqa: E731
+    assert stats.drafter == "ngram" and stats.generated_tokens == delta("tandem:generation_tokens_total")
+    assert stats.drafted == delta("tandem:spec_decode_num_draft_tokens_total")
+    assert stats.accepted == delta("tandem:spec_decode_num_accepted_tokens_total")
+    assert stats.prompt_tokens == delta("tandem:prompt_tokens_total") == plain["usage"]["prompt_tokens"]
+    assert stats.rounds == len(stats.accepted_lengths)
+    drafting_rounds = stats.per_position_drafted[0] if stats.per_position_drafted else 0
+    assert drafting_rounds == served_rounds(after) - served_rounds(before)
+    remote.close()
+
+
+def test_remote_engine_cancel_stops_the_server(server, client):
+    import threading as th
+
+    from engine.events import TextPiece
+    from engine.remote import RemoteEngine
+
+    cancelled = outcome_count(client, "cancelled")
+    remote = RemoteEngine(server.url, api_key=API_KEY)
+    remote.sampling.max_new_tokens = 400
+    cancel = th.Event()
+    finished = remote.respond(
+        LONG_PROMPT, on_event=lambda e: isinstance(e, TextPiece) and cancel.set(), cancel=cancel
+    )
+    assert finished.reason == "cancelled" and finished.text
+    wait_until(lambda: outcome_count(client, "cancelled") == cancelled + 1, what="the server-side cancel")
+    remote.close()
+
+
+def test_remote_errors_are_messages(server):
+    from engine.errors import TandemError
+    from engine.remote import RemoteEngine
+    from engine.remote.errors import (
+        RemoteContextOverflowError,
+        RemoteRequestError,
+        ServerAuthError,
+        ServerUnreachableError,
+    )
+
+    with pytest.raises(ServerAuthError, match="API key"):
+        RemoteEngine(server.url, api_key="wrong").prepare()
+    with pytest.raises(ServerAuthError):
+        RemoteEngine(server.url).prepare()
+    with pytest.raises(RemoteRequestError, match="no model 'other'"):
+        RemoteEngine(server.url, api_key=API_KEY, model="other").prepare()
+    with pytest.raises(ServerUnreachableError, match="Cannot reach"):
+        RemoteEngine("http://127.0.0.1:9", timeout_s=2).prepare()
+    remote = RemoteEngine(server.url, api_key=API_KEY)
+    with pytest.raises(RemoteContextOverflowError):
+        remote.respond([{"role": "user", "content": "word " * 3000}])
+    assert issubclass(ServerUnreachableError, TandemError)
+
+
+def test_cli_chat_against_the_server_stores_the_conversation(server, tmp_path):
+    from engine.store.database import Store
+
+    db = tmp_path / "chat.db"
+    result = subprocess.run(
+        [*CLI, "chat", "--server", server.url, "--api-key-env", KEY_ENV, "--message", "List the days of the week.",
+         "--max-new-tokens", "16", "--stats", "--db", str(db)],
+        capture_output=True, text=True, timeout=300, env=server.env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "drafter ngram" in result.stderr
+    with Store(db) as store:
+        conversation = store.list_conversations()[0]
+        assert server.url in conversation.target_model
+        user, assistant = store.thread(conversation.id)
+        assert assistant.status == "complete" and assistant.content.strip() == result.stdout.strip()
+        assert assistant.stats["source"] == "tandem-server"
+
+
+def test_cli_chat_with_a_wrong_key_says_so(server):
+    env = {**server.env, KEY_ENV: "wrong"}
+    result = subprocess.run([*CLI, "chat", "--server", server.url, "--api-key-env", KEY_ENV, "--message", "hi"],
+                            capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert result.returncode == 2
+    assert "API key" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_kill_9_of_the_server_mid_stream_keeps_the_reply_as_interrupted(tmp_path):
+    from engine.store.database import Store
+
+    doomed = ServerProcess("--api-key-env", KEY_ENV, "--max-new-tokens", "400")
+    db = tmp_path / "chat.db"
+    chat = subprocess.Popen(
+        [*CLI, "chat", "--server", doomed.url, "--api-key-env", KEY_ENV, "--message", LONG_PROMPT[0]["content"],
+         "--db", str(db)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doomed.env,
+    )  # fmt: skip
+    try:
+        printed = ""
+        while len(printed.split()) < 5:  # a few words of the reply have arrived
+            char = chat.stdout.read(1)
+            assert char, "the chat ended before the reply started: " + chat.stderr.read()
+            printed += char
+        os.kill(doomed.process.pid, signal.SIGKILL)
+        rest = chat.stdout.read()  # through the same buffer as `printed`, until the chat exits
+        errors = chat.stderr.read()
+        chat.wait(120)
+    finally:
+        doomed.stop()
+        if chat.poll() is None:
+            chat.kill()
+    assert chat.returncode == 0, errors
+    assert "[interrupted]" in errors and "broke off" in errors
+    with Store(db) as store:
+        conversation = store.list_conversations()[0]
+        assistant = store.thread(conversation.id)[-1]
+        assert assistant.status == "interrupted"
+        assert assistant.content and (printed + rest).strip().startswith(assistant.content.strip())

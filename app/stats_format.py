@@ -52,7 +52,7 @@ FIELDS = (
     ("tokens_per_s", "Decode speed"),
     ("ttft", "Time to first token"),
     ("time_split", "Draft / verify time"),
-    ("speedup", "Speed-up (estimate)"),
+    ("speedup", "Speed-up vs target"),
 )
 
 

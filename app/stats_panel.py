@@ -144,9 +144,9 @@ class StatsPanel(QtWidgets.QWidget):
         if self._stats is None:
             self.reset()
 
-    def update_stats(self, stats: GenerationStats) -> None:
+    def update_stats(self, stats: GenerationStats, caption: str = "The reply being written") -> None:
         self._stats = stats
-        self._caption.setText("<b>The reply being written</b>")
+        self._caption.setText(f"<b>{html.escape(caption)}</b>")
         self._show_numbers(stats)
         self._request_plot()
 

@@ -65,7 +65,7 @@ class ReplyEvents:
         if self.conversation_id == reply.conversation_id:
             self.chat_view.finish_streaming(final_text, status, record)
             if stats is not None:
-                self.stats_panel.update_stats(stats)
+                self.stats_panel.update_stats(stats, caption="The reply just written")
                 self.chat_view.select_message(reply.message_id)
         self.sidebar.refresh()
         self.activity_label.setText(

@@ -214,6 +214,7 @@ def test_clicking_an_old_reply_brings_back_its_stats(qtbot, store):
     engine.tokens = ["x"] * 8
     send(qtbot, window, "eight")
     assert "of 8 drafted" in window.stats_panel.value_text("acceptance")
+    assert "just written" in window.stats_panel.caption_text()
     first_reply = window.chat_view.widgets[1]
     qtbot.mouseClick(first_reply.browser.viewport(), QtCore.Qt.MouseButton.LeftButton)
     assert "of 4 drafted" in window.stats_panel.value_text("acceptance")

@@ -88,6 +88,7 @@ class ChatView(QtWidgets.QWidget):
         self.streaming = None
         for widget in self.widgets:
             self.list_layout.removeWidget(widget)
+            widget.hide()  # deleted later, by the event loop; hidden now so it is never painted again
             widget.deleteLater()
         self.widgets = []
         self.placeholder.setVisible(True)

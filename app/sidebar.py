@@ -190,8 +190,12 @@ class Sidebar(QtWidgets.QWidget):
         return item.data(ID_ROLE) if item is not None else None
 
     def select(self, conversation_id: int) -> None:
-        """Select a conversation and announce it."""
-        self._select_quietly(conversation_id)
+        """Select a conversation and announce it, once."""
+        self._updating = True
+        try:
+            self._select_quietly(conversation_id)
+        finally:
+            self._updating = False
         self.conversation_selected.emit(conversation_id)
 
     def titles(self) -> list[str]:

@@ -8,7 +8,7 @@ import json
 import sqlite3
 
 import pytest
-from test_app import ScriptedEngine, open_window, send
+from test_app import ScriptedEngine, factory_for, open_window, send
 
 from app.conversation_actions import ConversationActions
 from app.help_dialog import HelpDialog
@@ -308,3 +308,18 @@ def test_conversation_actions_name_exports_after_the_title():
 
     assert _safe_name("What's up? / 2") == "What-s-up-2"
     assert _safe_name("???") == "conversation"
+
+
+def test_the_last_conversation_opens_once_at_start(qtbot, store):
+
+    from app.config import AppConfig
+    from app.main_window import MainWindow
+    from app.message_widget import MessageWidget
+
+    conversation = store.create_conversation("Old")
+    store.add_message(conversation, "user", "hello")
+    window = MainWindow(store, AppConfig(), engine_factory=factory_for(ScriptedEngine(["ok"])))
+    qtbot.addWidget(window)
+    # Before the event loop runs: a second open would leave a first set of widgets awaiting deletion.
+    assert len(window.chat_view.container.findChildren(MessageWidget)) == 1
+    assert window.conversation_id == conversation

@@ -40,8 +40,10 @@ SOURCES = {
     "time_split": ("draft_time_s", "verify_time_s"),
     "speedup": ("speedup",),
 }
-# The adaptive controller words the same fallback in its own note; one notice says it once.
-_CONTROLLER_FALLBACK = re.compile(r"\s*Speculation measured slower.*?tokens\.")
+# The engine words the fallback in its own notes too ("Speculation measured slower…", "…decoding
+# plainly."); with the fallback flag set, one notice says it once and those sentences are dropped.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_FALLBACK_WORDS = re.compile(r"slower|plainly|plain decoding", re.IGNORECASE)
 
 # (key, label) in display order
 FIELDS = (
@@ -137,10 +139,12 @@ def empty_stats(drafter: str | None) -> dict[str, str]:
 
 def notice(stats: GenerationStats) -> str:
     """The one notice for a reply: the fallback to plain decoding said once, then any other note."""
-    note = _CONTROLLER_FALLBACK.sub("", stats.note or "").strip()
+    sentences = [part for part in _SENTENCE_END.split((stats.note or "").strip()) if part]
+    if stats.fallback_to_plain:
+        sentences = [part for part in sentences if not _FALLBACK_WORDS.search(part)]
     parts = [PLAIN_NOTICE] if stats.fallback_to_plain else []
-    if note:
-        parts.append(note)
+    if sentences:
+        parts.append(" ".join(sentences))
     return "\n".join(parts)
 
 

@@ -77,6 +77,9 @@ def test_fallback_to_plain_decoding_is_one_notice_in_one_wording(panel):
     panel.update_stats(stats)
     assert panel.note_text() == PLAIN_NOTICE + "\nNo draft model is loaded, so drafting uses n-gram lookup."
     assert panel.note_text().count("slower") == 1
+    stats.note = "No drafter is expected to beat the target alone here; decoding plainly."
+    panel.update_stats(stats)
+    assert panel.note_text() == PLAIN_NOTICE
     assert panel.value_text("k") == "—"
 
 

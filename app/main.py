@@ -73,11 +73,17 @@ def run_app(args: argparse.Namespace) -> int:
         store.set_setting(STORE_KEY, None)
         store.set_setting(WINDOW_KEY, None)
 
+    from app.config import AppConfig
+    from app.load_recovery import start_check
     from app.main_window import MainWindow
 
-    window = MainWindow(store)
+    # A saved config whose models are gone starts on the last one that loaded, and says so.
+    config, fallback_message = AppConfig.load_for_start(store, start_check)
+    window = MainWindow(store, config)
     window.show()
     window.load_models()
+    if fallback_message:
+        QtWidgets.QMessageBox.information(window, "Tandem", fallback_message)
     if args.screenshot:
         window.models_loaded.connect(lambda _info: (window.grab().save(str(args.screenshot)), window.close()))
     if report:
@@ -97,24 +103,32 @@ def run_app(args: argparse.Namespace) -> int:
 def open_store(path: Path | None):
     """The store, or None after telling the user why it cannot be opened."""
     from app.qt import QtWidgets
-    from engine.errors import CorruptDatabaseError, StorageError
+    from engine.errors import CorruptDatabaseError, DatabaseLockedError, StorageError
     from engine.store.database import Store
 
     try:
-        return Store(path)
+        store = Store(path)
     except CorruptDatabaseError as exc:
         answer = QtWidgets.QMessageBox.question(
             None,
             "Tandem",
             f"{exc}\n\nMove it aside and start a fresh database?",
         )
-        if answer == QtWidgets.QMessageBox.StandardButton.Yes:
-            Store.move_aside(exc.path)
-            return Store(path)
-        return None
+        if answer != QtWidgets.QMessageBox.StandardButton.Yes:
+            return None
+        Store.move_aside(exc.path)
+        store = Store(path)
     except StorageError as exc:
         QtWidgets.QMessageBox.critical(None, "Tandem", str(exc))
         return None
+    try:
+        store.acquire_instance_lock()  # one app or terminal chat per database
+    except DatabaseLockedError as exc:
+        store.close()
+        print(f"tandem: {exc}", file=sys.stderr)
+        QtWidgets.QMessageBox.information(None, "Tandem is already open", str(exc))
+        return None
+    return store
 
 
 if __name__ == "__main__":

@@ -49,20 +49,17 @@ class ModelLoading:
         self.models_label.setToolTip("\n".join(info.notices))
         self.stats_panel.set_drafter(_drafter_of(info, self.config))
         self.activity_label.setText("Ready")
+        self.config.save_working(self.store)  # the fallback if a later choice fails to load
         self._update_controls()
         self.models_loaded.emit(info)
 
     @Slot(str, str)
     def _on_load_failed(self, message: str, details: str) -> None:
+        from app.load_recovery import show_load_failure
+
         self._close_progress()
-        self.models_label.setText("No model loaded")
-        self.activity_label.setText("Loading failed")
         self._update_controls()
-        box = QtWidgets.QMessageBox(
-            QtWidgets.QMessageBox.Icon.Warning, "Could not load the models", message, parent=self
-        )
-        box.setDetailedText(details)
-        box.open()
+        show_load_failure(self, message, details)  # the models still loaded keep answering
 
     @Slot()
     def _on_load_cancelled(self) -> None:

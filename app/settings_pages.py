@@ -16,6 +16,7 @@ DRAFTER_LABELS = {
     "model": "Draft model",
     "ngram": "N-gram lookup",
     "suffix": "Suffix lookup",
+    "head": "Draft head (trained on the target)",
     "none": "None (plain decoding)",
 }
 

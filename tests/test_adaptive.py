@@ -1,10 +1,19 @@
-"""Adaptive K: the verify-cost curve and the choice of K."""
+"""Adaptive K: the acceptance model, the verify-cost curve, and the choice of drafter and K.
+
+The throughput tests simulate rounds with a cost model (seconds per verify size, per draft token)
+and synthetic drafters whose acceptance is geometric, bimodal or zero; no wall clock is read.
+"""
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
+
 import pytest
 
-from engine.decoding.adaptive import KController, VerifyCostCurve, expected_tokens
+from engine.decoding.acceptance import AcceptanceModel
+from engine.decoding.adaptive import DraftPlanner, KController, VerifyCostCurve, expected_tokens
+from engine.decoding.drafters import Drafter, Lookahead
 from engine.settings import SpeculationSettings
 
 
@@ -37,10 +46,79 @@ def test_curve_observations_are_averaged():
     assert curve.estimate(2) == 2.0
 
 
+def test_one_noisy_measurement_cannot_make_short_drafts_look_expensive():
+    """A forward over 2 tokens measured during a load spike must not cost more than one over 4,
+    nor more than 2 single steps; otherwise adaptive K would refuse K=1 for no real reason."""
+    curve = curve_of({1: 0.10, 2: 0.90, 4: 0.15, 8: 5.0})
+    assert curve.estimate(2) == pytest.approx(0.15)
+    assert curve.estimate(3) == pytest.approx(0.15)
+    assert curve.estimate(8) == pytest.approx(0.80)  # at most 8 single steps
+    assert curve.estimate(1) == pytest.approx(0.10)
+    assert curve.estimate(4) >= curve.estimate(1)
+
+
+def test_erratic_curve_pads_to_the_cheaper_larger_size():
+    """t(8) < t(6): a verify of 6 runs as 8, and is priced as what it then costs."""
+    curve = curve_of({1: 1.0, 5: 2.4, 6: 2.6, 7: 2.7, 8: 2.2, 9: 3.0})
+    assert curve.padded_size(6) == 8 and curve.padded_size(7) == 8
+    assert curve.estimate(6) == pytest.approx(2.2)
+    assert curve.padded_size(6, limit=7) == 6  # never past what the context can hold
+    assert curve.padded_size(5) == 8  # 2.2 < 0.95 * 2.4
+    assert curve.padded_size(9) == 9 and curve.padded_size(1) == 1
+
+
+def test_curve_recalibrates_when_the_machine_slows_down():
+    curve = curve_of({1: 1.0, 2: 1.3, 4: 1.9})
+    for _ in range(20):  # another program takes half the machine: single steps now take 2 s
+        curve.observe(1, 2.0)
+    assert curve.recalibrations >= 1
+    assert curve.estimate(4) > 1.9 * 1.5  # the sizes not observed were rescaled too
+    steady = curve_of({1: 1.0, 2: 1.3})
+    for _ in range(20):
+        steady.observe(1, 1.05)
+    assert steady.recalibrations == 0
+
+
+# --- the acceptance model ----------------------------------------------------------------------
+
+
+def test_acceptance_model_fits_a_bimodal_drafter():
+    """Right for many tokens or wrong at the first: p_0 is low, later positions high; the
+    geometric model from the overall rate would badly underestimate long drafts."""
+    model = AcceptanceModel()
+    rng = random.Random(0)
+    for _ in range(400):
+        model.observe(8, 8 if rng.random() < 0.3 else 0)
+    p = model.conditional()
+    assert p[0] == pytest.approx(0.3, abs=0.08)
+    assert min(p[1:8]) > 0.8
+    overall = 0.3 * 8 / (0.3 * 8 + 0.7)  # accepted / decided over all positions
+    assert model.expected_tokens(8) == pytest.approx(1 + 0.3 * 8, rel=0.15)
+    assert expected_tokens(overall, 8) > 1.2 * model.expected_tokens(8)
+
+
+def test_acceptance_is_kept_per_condition_and_shrunk_to_the_drafter_while_rare():
+    model = AcceptanceModel()
+    for _ in range(100):
+        model.observe(4, 4, condition=8)
+        model.observe(4, 0, condition=2)
+    assert model.conditional(8)[0] > 0.9 and model.conditional(2)[0] < 0.1
+    assert model.conditional(5)[0] == pytest.approx(model.conditional()[0])  # never seen: the pooled figure
+
+
+# --- choosing K ----------------------------------------------------------------------------------
+
+
+def geometric(alpha, weight=1000.0):
+    model = AcceptanceModel()
+    model._all.accepted = [alpha * weight] * model.positions
+    model._all.decided = [weight] * model.positions
+    return model
+
+
 def controller(alpha, draft_step_s, curve, **settings):
-    k = KController(SpeculationSettings(**settings), curve)
-    k.accepted_weight, k.decided_weight = alpha * 10, 10.0
-    k.draft_step_s = draft_step_s
+    k = KController(SpeculationSettings(**settings), curve, acceptance=geometric(alpha))
+    k.draft_step_s, k.optimism = draft_step_s, 0.0
     return k
 
 
@@ -67,6 +145,7 @@ def test_slow_speculation_falls_back_to_plain_and_reprobes():
 
 def test_recovers_when_acceptance_rises():
     k = controller(0.3, 0.01, curve_of({1: 0.1, 2: 0.143, 5: 0.24}))
+    k.acceptance = AcceptanceModel(prior=0.1)
     k.choose(limit=100)
     assert k.plain
     for _ in range(20):
@@ -85,12 +164,152 @@ def test_first_round_probes_before_anything_is_measured():
     assert KController(SpeculationSettings(max_k=8), VerifyCostCurve()).choose(limit=100) == 4
 
 
-def test_one_noisy_measurement_cannot_make_short_drafts_look_expensive():
-    """A forward over 2 tokens measured during a load spike must not cost more than one over 4,
-    nor more than 2 single steps; otherwise adaptive K would refuse K=1 for no real reason."""
-    curve = curve_of({1: 0.10, 2: 0.90, 4: 0.15, 8: 5.0})
-    assert curve.estimate(2) == pytest.approx(0.15)
-    assert curve.estimate(3) == pytest.approx(0.15)
-    assert curve.estimate(8) == pytest.approx(0.80)  # at most 8 single steps
-    assert curve.estimate(1) == pytest.approx(0.10)
-    assert curve.estimate(4) >= curve.estimate(1)
+def test_a_lookup_without_a_match_is_not_drafted():
+    k = controller(0.9, 0.001, curve_of({1: 0.1, 8: 0.1}))
+    assert k.choose(limit=100, hint=Lookahead(condition=0, available=0)) == 0
+    assert k.choose(limit=100, hint=Lookahead(condition=4, available=3)) <= 3
+
+
+# --- simulated throughput --------------------------------------------------------------------------
+
+# seconds per verify forward of n tokens on an erratic machine (t(8) < t(6)), as calibrated
+TRUE_VERIFY = {1: 1.0, 2: 1.3, 3: 1.5, 4: 1.9, 5: 2.4, 6: 2.6, 7: 2.7, 8: 2.2, 9: 3.0, 13: 3.6, 17: 4.4}
+
+
+def true_verify(n):
+    if n in TRUE_VERIFY:
+        return TRUE_VERIFY[n]
+    return curve_of(TRUE_VERIFY)._interpolate(n)
+
+
+class SyntheticDrafter(Drafter):
+    """A drafter reduced to its statistics: `outcome(rng, k, condition)` is how many of k drafts the
+    target accepts. A lookup-like one tells its match condition in advance, as NgramDrafter does."""
+
+    def __init__(self, name, outcome, draft_step_s, conditions=(None,), weights=(1.0,)):
+        self.name, self.outcome, self.draft_step_s = name, outcome, draft_step_s
+        self.conditions, self.weights = conditions, weights
+        self.next_condition = None
+
+    def peek(self, context):
+        return Lookahead(condition=self.next_condition)
+
+
+def geometric_outcome(alpha):
+    def outcome(rng, k, condition):
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        return accepted
+
+    return outcome
+
+
+def bimodal_outcome(right_by_condition):
+    def outcome(rng, k, condition):
+        if rng.random() >= right_by_condition[condition]:
+            return 0
+        return geometric_outcome(0.95)(rng, k, condition)
+
+    return outcome
+
+
+@dataclass
+class SimulatedRound:
+    drafted: int
+    num_accepted: int
+    draft_s: float
+    verify_s: float
+    catch_up_s: float
+    verify_size: int
+
+
+def text_conditions(rng, drafter, length, mean_run=24):
+    conditions = []
+    while len(conditions) < length:
+        run = 1 + int(rng.expovariate(1 / mean_run))
+        conditions += [rng.choices(drafter.conditions, drafter.weights)[0]] * run
+    return conditions
+
+
+def simulate(drafters, k=None, tokens=6000, seed=0):
+    """Tokens per simulated second with fixed K (k) or adaptive K (None); K = 0 is plain decoding.
+
+    The match condition belongs to the text, not to the round: the text runs in stretches (a
+    passage that repeats earlier text, then new text), and a round sees the condition where it
+    starts, so a round that emits more tokens gets through its stretch sooner."""
+    rng = random.Random(seed)
+    curve = curve_of(TRUE_VERIFY)  # a calibration that measured these sizes
+    speculation = SpeculationSettings(k=k) if k else SpeculationSettings()
+    planner = DraftPlanner([(d, KController(speculation, curve)) for d in drafters], curve)
+    texts = {id(d): text_conditions(rng, d, tokens + 20) for d in drafters}
+    emitted = seconds = 0.0
+    while emitted < tokens:
+        for drafter in drafters:
+            drafter.next_condition = texts[id(drafter)][int(emitted)]
+        if k == 0:
+            emitted, seconds = emitted + 1, seconds + true_verify(1)
+            continue
+        plan = planner.plan([], limit=16)
+        accepted = plan.drafter.outcome(rng, plan.k, plan.drafter.next_condition) if plan.k else 0
+        draft_s = plan.k * plan.drafter.draft_step_s if plan.k else 0.0
+        size = max(plan.verify_size, plan.k + 1)
+        verify_s = true_verify(size)
+        planner.observe(plan, SimulatedRound(plan.k, accepted, draft_s, verify_s, 0.0, size))
+        emitted, seconds = emitted + accepted + 1, seconds + draft_s + verify_s
+    return emitted / seconds
+
+
+DRAFTERS = {
+    "geometric": lambda: [SyntheticDrafter("model", geometric_outcome(0.75), 0.08)],
+    "bimodal": lambda: [SyntheticDrafter("lookup", bimodal_outcome({None: 0.35}), 0.005)],
+    "bimodal by match length": lambda: [
+        SyntheticDrafter(
+            "lookup", bimodal_outcome({2: 0.05, 4: 0.3, 8: 0.9}), 0.005, (2, 4, 8), (0.5, 0.3, 0.2)
+        )
+    ],
+    "zero": lambda: [SyntheticDrafter("lookup", lambda rng, k, c: 0, 0.005)],
+    "zero, costly": lambda: [SyntheticDrafter("model", lambda rng, k, c: 0, 0.2)],
+}
+
+
+@pytest.mark.parametrize("shape", list(DRAFTERS))
+def test_adaptive_k_comes_close_to_the_best_fixed_k_and_never_loses(shape):
+    plain = simulate(DRAFTERS[shape](), k=0)
+    fixed = {k: simulate(DRAFTERS[shape](), k=k) for k in range(1, 9)}
+    best_fixed = max([plain, *fixed.values()])
+    adaptive = simulate(DRAFTERS[shape]())
+    assert adaptive >= 0.95 * best_fixed, (adaptive, best_fixed, fixed)
+    assert adaptive >= 0.99 * plain, (adaptive, plain)
+
+
+def test_the_match_length_lets_adaptive_k_beat_every_fixed_k():
+    """With acceptance that depends on the match length, drafting only long matches wins."""
+    drafters = DRAFTERS["bimodal by match length"]
+    best_fixed = max(simulate(drafters(), k=k) for k in range(0, 9))
+    assert simulate(drafters()) > 1.05 * best_fixed
+
+
+def test_auto_picks_the_better_drafter_each_round():
+    """A model draft with steady acceptance and a lookup that is sometimes perfect: auto drafts
+    with whichever pays in each round and beats both alone."""
+
+    def both():
+        return [
+            SyntheticDrafter("lookup", bimodal_outcome({2: 0.02, 8: 0.95}), 0.005, (2, 8), (0.7, 0.3)),
+            SyntheticDrafter("model", geometric_outcome(0.6), 0.1),
+        ]
+
+    auto = simulate(both())
+    lookup_alone = simulate(both()[:1])
+    model_alone = simulate(both()[1:])
+    assert auto >= 1.02 * max(lookup_alone, model_alone), (auto, lookup_alone, model_alone)
+    assert auto >= simulate(both(), k=0)
+
+
+def test_auto_with_only_losing_drafters_stays_plain():
+    drafters = [
+        SyntheticDrafter("a", lambda rng, k, c: 0, 0.01),
+        SyntheticDrafter("b", lambda rng, k, c: 0, 0.3),
+    ]
+    assert simulate(drafters) >= 0.99 * simulate(drafters, k=0)

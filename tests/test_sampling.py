@@ -7,7 +7,10 @@ import torch
 from scipy.stats import chisquare
 
 from engine.decoding.sampling import (
+    PositionNoise,
     accept_reject,
+    coupled_accept,
+    coupled_sample,
     greedy_accept,
     one_hot,
     probs_from_logits,
@@ -83,17 +86,25 @@ def test_draft_token_with_zero_target_probability_is_always_rejected():
 
 
 def test_equal_rows_guard_all_zero_residual():
-    """draft == target: the residual is all zero; the guard samples from the target instead of nan."""
-    probs = torch.tensor([[[0.5, 0.5, 0.0]]])
-    num_accepted, next_token = accept_reject(torch.tensor([[0]]), probs, torch.cat([probs, probs], 1))
-    assert num_accepted.item() == 1 and next_token.item() in (0, 1)
+    """draft == target and a rejection anyway (the draft token has probability 0 in both, as rounding
+    can produce): the residual is all zero, and the guard samples from the target instead. Without
+    it the recovered token comes from an all-zero row: token 0, which the target never emits."""
+    probs = torch.tensor([[[0.0, 0.5, 0.5]]])
+    for seed in range(20):
+        generator = torch.Generator().manual_seed(seed)
+        num_accepted, next_token = accept_reject(
+            torch.tensor([[0]]), probs, torch.cat([probs, probs], 1), generator
+        )
+        assert num_accepted.item() == 0 and next_token.item() in (1, 2)
 
 
 # --- distribution ------------------------------------------------------------------------------
 
 
-def random_distributions(generator, rows, concentration=1.0):
-    return torch.distributions.Dirichlet(torch.full((V,), concentration)).sample((rows,))
+def random_distributions(generator, rows):
+    """rows draws from the flat Dirichlet over V tokens, from `generator` (normalised Exp(1) draws)."""
+    draws = torch.empty((rows, V)).exponential_(1.0, generator=generator)
+    return draws / draws.sum(-1, keepdim=True)
 
 
 def emitted_tokens(sampler, draft_probs, target_probs, n, generator):
@@ -132,7 +143,6 @@ def matches_distribution(samples, probs) -> tuple[bool, float]:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_emitted_tokens_follow_the_target_distribution(seed):
     generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
     draft_probs = random_distributions(generator, 3)
     target_probs = random_distributions(generator, 4)
     first, second = emitted_tokens(accept_reject, draft_probs, target_probs, 100_000, generator)
@@ -154,7 +164,6 @@ def test_emitted_tokens_follow_the_target_distribution(seed):
 
 def test_distance_shrinks_with_more_samples():
     generator = torch.Generator().manual_seed(5)
-    torch.manual_seed(5)
     draft_probs, target_probs = random_distributions(generator, 2), random_distributions(generator, 3)
     distances = []
     for n in (1_000, 100_000):
@@ -165,7 +174,6 @@ def test_distance_shrinks_with_more_samples():
 
 def test_negative_control_always_accept_is_detected():
     generator = torch.Generator().manual_seed(3)
-    torch.manual_seed(3)
     draft_probs, target_probs = random_distributions(generator, 3), random_distributions(generator, 4)
     first, _ = emitted_tokens(always_accept, draft_probs, target_probs, 100_000, generator)
     ok, total_variation = matches_distribution(first, target_probs[0])
@@ -176,9 +184,17 @@ def test_negative_control_always_accept_is_detected():
 # --- determinism and warpers -------------------------------------------------------------------
 
 
+def test_random_distributions_follow_their_generator():
+    first = random_distributions(torch.Generator().manual_seed(7), 3)
+    again = random_distributions(torch.Generator().manual_seed(7), 3)
+    other = random_distributions(torch.Generator().manual_seed(8), 3)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert torch.allclose(first.sum(-1), torch.ones(3))
+
+
 def test_seeded_generator_repeats_exactly():
-    draft_probs = random_distributions(None, 4).unsqueeze(0)
-    target_probs = random_distributions(None, 5).unsqueeze(0)
+    draft_probs = random_distributions(torch.Generator().manual_seed(0), 4).unsqueeze(0)
+    target_probs = random_distributions(torch.Generator().manual_seed(1), 5).unsqueeze(0)
     draft_tokens = torch.tensor([[1, 2, 3, 4]])
     results = set()
     for _ in range(20):
@@ -201,3 +217,59 @@ def test_warpers():
     assert torch.allclose(hot, logits / 2)
     greedy = probs_from_logits(logits, SamplingSettings(temperature=0.0))
     assert greedy.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
+
+
+def test_warp_logits_top_p_matches_a_direct_computation():
+    generator = torch.Generator().manual_seed(4)
+    logits = torch.randn((3, 50), generator=generator)
+    sampling = SamplingSettings(temperature=0.7, top_p=0.8)
+    warped = warp_logits(logits, sampling)
+    for row, kept in zip(logits / 0.7, torch.isfinite(warped), strict=True):
+        probs, order = row.softmax(-1).sort(descending=True)
+        before = probs.cumsum(-1) - probs
+        expected = torch.zeros(50, dtype=torch.bool)
+        expected[order[before < 0.8]] = True
+        assert torch.equal(kept, expected)
+
+
+# --- seeded (coupled) sampling -------------------------------------------------------------------
+
+
+def coupled_emitted(draft_sampler, draft_probs, target_probs, n, seed):
+    """n rounds with K = draft_probs.size(0) and noise from one PositionNoise per round start."""
+    k = draft_probs.size(0)
+    noise = PositionNoise(seed, "cpu")
+    race = torch.stack([noise.race(1000 * i, k + 1, V) for i in range(n)])  # [n, K+1, V]
+    draft_tokens = draft_sampler(draft_probs.expand(n, k, V), race[:, :k])  # [n, K]
+    num_accepted, next_token = coupled_accept(draft_tokens, target_probs.expand(n, k + 1, V), race)
+    first = torch.where(num_accepted > 0, draft_tokens[:, 0], next_token)
+    second = torch.where(num_accepted > 1, draft_tokens[:, 1], next_token)[num_accepted >= 1]
+    return first, second, num_accepted
+
+
+def test_coupled_sampling_follows_the_target_distribution():
+    generator = torch.Generator().manual_seed(11)
+    draft_probs, target_probs = random_distributions(generator, 2), random_distributions(generator, 3)
+    first, second, num_accepted = coupled_emitted(coupled_sample, draft_probs, target_probs, 30_000, 0)
+    assert matches_distribution(first, target_probs[0])[0]
+    assert matches_distribution(second, target_probs[1])[0]
+    assert num_accepted.float().mean() > 0.2  # drafts sampled with the same noise are often kept
+
+
+def test_coupled_negative_control_always_accept_is_detected():
+    generator = torch.Generator().manual_seed(12)
+    draft_probs, target_probs = random_distributions(generator, 2), random_distributions(generator, 3)
+    n, noise = 30_000, PositionNoise(0, "cpu")
+    race = torch.stack([noise.race(1000 * i, 3, V) for i in range(n)])
+    draft_tokens = coupled_sample(draft_probs.expand(n, 2, V), race[:, :2])
+    ok, total_variation = matches_distribution(draft_tokens[:, 0], target_probs[0])
+    assert not ok and total_variation > 0.05
+
+
+def test_position_noise_depends_only_on_seed_and_position():
+    noise = PositionNoise(5, "cpu")
+    a = noise.race(10, 4, V)
+    noise.race(0, 7, V)  # other draws in between change nothing
+    assert torch.equal(noise.race(12, 2, V), a[2:])
+    assert torch.equal(PositionNoise(5, "cpu").race(10, 4, V), a)
+    assert not torch.equal(PositionNoise(6, "cpu").race(10, 4, V), a)

@@ -130,3 +130,44 @@ def test_calibrate_is_cached(target):
     engine = ChatEngine(target)
     first = engine.calibrate()
     assert first > 0 and engine.calibrate() == first
+
+
+def test_auto_drafting_over_two_turns_equals_plain_greedy_and_names_each_round(target, draft):
+    engine = ChatEngine(
+        target, draft, SpeculationSettings(drafter="auto"), SamplingSettings(max_new_tokens=24)
+    )
+    messages = [{"role": "user", "content": "Say the days of the week, twice."}]
+    first = engine.respond(messages)
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Once more."}]
+    prompt_ids = engine.prompt_ids(messages)
+    second = engine.respond(messages)
+    assert list(second.token_ids) == greedy_reference(target, prompt_ids, 24)
+    stats = second.stats
+    assert stats.drafter == "auto" and len(stats.drafter_history) == stats.rounds
+    assert set(stats.drafter_history) <= {"none", "ngram", "suffix", f"model:{draft.name}"}
+    assert sum(stats.drafter_rounds.values()) == stats.rounds
+
+
+def test_finished_replies_feed_the_suffix_index_across_conversations(target):
+    engine = ChatEngine(
+        target, None, SpeculationSettings(drafter="suffix"), SamplingSettings(max_new_tokens=32)
+    )
+    messages = [{"role": "user", "content": "Write a haiku about the sea."}]
+    first = engine.respond(messages)
+    assert engine._suffix.history_entries > 0
+    engine.reset()  # a new conversation asks the same thing: the earlier reply is drafted
+    again = engine.respond(messages)
+    assert again.token_ids == first.token_ids
+    assert again.stats.accepted >= len(first.token_ids) // 2
+    assert "suffix" in again.stats.drafter_history
+
+
+def test_stored_conversations_can_be_indexed(target):
+    engine = ChatEngine(
+        target, None, SpeculationSettings(drafter="suffix"), SamplingSettings(max_new_tokens=16)
+    )
+    messages = [{"role": "user", "content": "Count to ten."}]
+    reference = greedy_reference(target, engine.prompt_ids(messages), 16)
+    engine.add_history([engine.prompt_ids(messages) + reference])
+    finished = engine.respond(messages)
+    assert list(finished.token_ids) == reference and finished.stats.accepted >= 8

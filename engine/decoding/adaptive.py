@@ -1,18 +1,22 @@
-"""Choosing K, the number of draft tokens per round, from what this device measures.
+"""Choosing the drafter and K, the number of draft tokens per round, from what this device measures.
 
-With per-token acceptance rate a, a round that drafts K tokens emits on average
-    E(K) = (1 - a^(K+1)) / (1 - a)            tokens (accepted drafts + one target token)
-and costs K * t_draft + t_verify(K+1): K draft steps, then one target forward over the last
-token and the K drafts. Plain decoding emits 1 token per t_verify(1). We pick the K in 0..max_k
-with the best tokens per second. t_verify(n) is not flat (on a CPU in eager mode a forward over 5
-new tokens costs about 2.4 single steps), so it is a measured curve, not a constant.
+A round that drafts K tokens emits on average E(K) tokens (accepted drafts + one target token),
+from the drafter's measured per-position acceptance (engine.decoding.acceptance), and costs
+K * t_draft + t_verify(K+1): K draft steps, then one target forward over the last token and the K
+drafts. Plain decoding emits 1 token per t_verify(1). We pick the K in 0..max_k with the best
+tokens per second, or no draft. t_verify(n) is not flat (on a CPU in eager mode a forward over 5
+new tokens costs about 2.4 single steps) and not always monotone, so it is a measured curve.
 """
 
 from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections.abc import Hashable
+from dataclasses import dataclass
 
+from engine.decoding.acceptance import AcceptanceModel
+from engine.decoding.drafters.base import Drafter, Lookahead
 from engine.settings import SpeculationSettings
 
 # Before two sizes are measured, assume each extra token verified adds this fraction of a single step.
@@ -24,28 +28,69 @@ class VerifyCostCurve:
 
     Sizes never measured are interpolated linearly between measured neighbours, or extrapolated from
     the two largest. `measure` fills it directly; a compiled runner can call it again after compiling.
+
+    On many machines t(n) is not monotone (a kernel that suits 8 rows better than 6). Where a larger
+    measured size is cheaper, the loop pads the verify forward up to it (`padded_size`), and
+    `estimate` prices n at that size, so the price is what the loop really pays.
+
+    Re-calibration: every observation is compared with the curve's figure for that size; when the
+    ratio stays off by more than DRIFT_LIMIT (another program started, thermal throttling, a longer
+    context), every size is rescaled by the measured ratio.
     """
+
+    DRIFT_LIMIT = 1.25
+    DRIFT_ROUNDS = 8  # observations before a drift is trusted
+    PAD_GAIN = 0.95  # pad only to a size measured at least 5 % cheaper
 
     def __init__(self, decay: float = 0.8):
         self.decay = decay
         self.seconds: dict[int, float] = {}
+        self.recalibrations = 0
+        # what drift is judged against: the first figure per size, rescaled at each re-calibration
+        self._reference: dict[int, float] = {}
+        self._drift, self._drift_rounds = 1.0, 0
 
     def observe(self, n: int, seconds: float) -> None:
         old = self.seconds.get(n)
-        self.seconds[n] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        if old is None:
+            self.seconds[n] = seconds
+            return
+        reference = self._reference.setdefault(n, old)
+        self._drift = 0.8 * self._drift + 0.2 * (seconds / reference)
+        self._drift_rounds += 1
+        self.seconds[n] = self.decay * old + (1 - self.decay) * seconds
+        drifted = self._drift > self.DRIFT_LIMIT or self._drift < 1 / self.DRIFT_LIMIT
+        if drifted and self._drift_rounds >= self.DRIFT_ROUNDS:
+            for m in self.seconds:
+                self._reference[m] = self._reference.get(m, self.seconds[m]) * self._drift
+                if m != n:
+                    self.seconds[m] *= self._drift
+            self.recalibrations += 1
+            self._drift, self._drift_rounds = 1.0, 0
+
+    def padded_size(self, n: int, limit: int | None = None) -> int:
+        """The size to run a verify of n tokens at: n, or a larger measured size (at most `limit`)
+        that costs less."""
+        raw = self._bounded(n)
+        if raw is None:
+            return n
+        larger = [m for m in self.seconds if m > n and (limit is None or m <= limit)]
+        cheaper = [m for m in larger if self.seconds[m] < self.PAD_GAIN * raw]
+        return min(cheaper, key=lambda m: (self.seconds[m], m)) if cheaper else n
 
     def estimate(self, n: int) -> float | None:
-        """t(n), kept physically sane so that one noisy measurement cannot mislead adaptive K:
-        a forward over more tokens never costs less than one over fewer (so t(n) is at most the
-        cheapest measurement at n or above), and never more than n single steps."""
-        estimate = self._interpolate(n)
-        if estimate is None:
+        """t(n), kept physically sane so that one noisy measurement cannot mislead adaptive K: never
+        below one single step nor above n of them, and priced at the padded size where that is cheaper."""
+        raw = self._bounded(n)
+        if raw is None:
             return None
-        at_or_above = [seconds for m, seconds in self.seconds.items() if m >= n]
-        if at_or_above:
-            estimate = min(estimate, min(at_or_above))
+        padded = self.padded_size(n)
+        return raw if padded == n else self.seconds[padded]
+
+    def _bounded(self, n: int) -> float | None:
+        estimate = self._interpolate(n)
         single = self.seconds.get(1)
-        if single is not None:
+        if estimate is not None and single is not None:
             estimate = min(max(estimate, single), n * single)
         return estimate
 
@@ -63,7 +108,7 @@ class VerifyCostCurve:
         slope = max((self.seconds[hi] - self.seconds[lo]) / (hi - lo), 0.0)
         return self.seconds[lo] + slope * (n - lo)
 
-    def measure(self, runner, sizes=(1, 2, 4, 8), repeats: int = 5) -> VerifyCostCurve:
+    def measure(self, runner, sizes=(1, 2, 4, 8), repeats: int = 3) -> VerifyCostCurve:
         """Times forwards over n new tokens on `runner` (its cache must hold some context), then rolls back."""
         length = runner.cache_length
         for n in sizes:
@@ -90,81 +135,249 @@ def prior_shape(n: int) -> float:
 
 
 def expected_tokens(alpha: float, k: int) -> float:
-    """E(K) = 1 + a + ... + a^K: accepted draft tokens plus the target's own token."""
+    """The geometric model, E(K) = 1 + a + ... + a^K, for a constant per-token acceptance a."""
     if alpha >= 1.0 - 1e-9:
         return k + 1.0
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 class KController:
-    """Fixed K, or adaptive K with a fallback to plain decoding that re-probes now and then."""
+    """K for one drafter: fixed, or the K in 0..max_k with the best expected tokens per second,
+    from the drafter's measured per-position acceptance (engine.decoding.acceptance) and the
+    measured verify-cost curve. A round expected to lose against a plain step is not drafted.
+
+    While drafting loses, one round in `probe_every` is drafted anyway (at least PROBE_K tokens, so
+    later positions get measured too) and the estimates can recover. A probe that keeps a token
+    makes the next round a probe too (a few observations are too noisy to judge by); a probe that
+    loses its first token doubles the interval (up to MAX_PROBE_INTERVAL), so a drafter that never
+    helps costs almost nothing.
+    """
+
+    PROBE_K = 4
+    MAX_PROBE_INTERVAL = 1024
+    # K is chosen from an upper confidence bound on acceptance (z in AcceptanceModel.conditional):
+    # what is measured often is judged by its figure, what is measured rarely gets the benefit of the doubt
+    OPTIMISM = 1.0
 
     def __init__(
         self,
         speculation: SpeculationSettings,
         curve: VerifyCostCurve,
         probe_every: int = 32,
-        decay: float = 0.9,
+        acceptance: AcceptanceModel | None = None,
+        margin: float = 0.02,
     ):
         self.speculation, self.curve = speculation, curve
-        self.probe_every, self.decay = probe_every, decay
-        # decayed counts of accepted and of decided draft tokens; the prior is a = 0.5 worth 2 tokens
-        self.accepted_weight, self.decided_weight = 1.0, 2.0
+        self.probe_every, self.margin = probe_every, margin
+        self.optimism = self.OPTIMISM
+        self.acceptance = acceptance or AcceptanceModel()
         self.draft_step_s: float | None = None
-        self.plain = False  # adaptive mode decided that speculation is slower here
-        self._plain_rounds = 0
+        self.plain = False  # the last choice: speculation expected slower than the target alone
+        self._probe_interval, self._since_probe, self._probing = probe_every, 0, False
 
     @property
     def alpha(self) -> float:
-        return self.accepted_weight / self.decided_weight
+        """Acceptance of the first draft token, over every condition (what the stats show)."""
+        return self.acceptance.first_position_rate
 
-    def choose(self, limit: int) -> int:
+    def choose(self, limit: int, hint: Lookahead | None = None) -> int:
         """K for the next round, at most `limit` (tokens left); 0 means a plain step."""
+        hint = hint or Lookahead()
+        cap = limit if hint.available is None else min(limit, hint.available)
         if not self.speculation.adaptive:
-            return max(0, min(self.speculation.k, limit))
-        best_k, best_rate, plain_rate = self._best()
-        self.plain = best_k is not None and best_rate <= plain_rate
-        if self.plain:
-            self._plain_rounds += 1
-            if self._plain_rounds % self.probe_every != 0:
-                return 0
+            return max(0, min(self.speculation.k, cap))
+        cap = min(cap, self.speculation.max_k)
+        if cap <= 0:
+            return 0
+        best_k, best_rate, plain_rate = self.best(cap, hint.condition)
         if best_k is None:  # nothing measured yet: a first probe
-            best_k = min(4, self.speculation.max_k)
-        return max(0, min(best_k, limit))
+            return min(self.PROBE_K, cap)
+        self.plain = best_rate <= plain_rate * (1 + self.margin)
+        if not self.plain:
+            return best_k
+        return self.probe_k(best_k, cap) if self.due_probe() else 0
 
-    def observe(self, k: int, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        """One round: `drafted` tokens proposed (<= k), `accepted` kept; times in seconds."""
-        self.curve.observe(drafted + 1, verify_s)
+    def best(self, cap: int, condition=None) -> tuple[int | None, float, float]:
+        """(best K in 1..cap, its expected tokens/s, a plain step's tokens/s); K None before measurements."""
+        plain_rate = self.expected_rate(0)
+        if plain_rate is None or self.draft_step_s is None or cap <= 0:
+            return None, 0.0, plain_rate or 0.0
+        rates = {k: self.expected_rate(k, condition, self.optimism) or 0.0 for k in range(1, cap + 1)}
+        best_k = max(rates, key=rates.get)
+        return best_k, rates[best_k], plain_rate
+
+    def due_probe(self) -> bool:
+        """Counts one round this drafter sat out while losing; True when it should probe."""
+        self._since_probe += 1
+        if self._since_probe < self._probe_interval:
+            return False
+        self._since_probe, self._probing = 0, True
+        return True
+
+    def probe_k(self, best_k: int, cap: int) -> int:
+        return max(best_k, min(self.PROBE_K, cap))
+
+    def observe(
+        self,
+        k: int,
+        drafted: int,
+        accepted: int,
+        draft_s: float,
+        verify_s: float,
+        condition=None,
+        verify_size: int | None = None,
+    ) -> None:
+        """One round: `drafted` tokens proposed (<= k), `accepted` kept; times in seconds;
+        `verify_size`: tokens the verify forward really ran (drafted + 1 unless padded)."""
+        self.curve.observe(verify_size or drafted + 1, verify_s)
         if drafted == 0:
             return
-        rejected_one = (
-            1 if accepted < drafted else 0
-        )  # positions after the first rejection were never decided
-        self.accepted_weight = self.decay * self.accepted_weight + accepted
-        self.decided_weight = self.decay * self.decided_weight + accepted + rejected_one
+        if self._probing:
+            lost = accepted == 0
+            self._probe_interval = min(2 * self._probe_interval, self.MAX_PROBE_INTERVAL) if lost else 1
+            self._probing = False
+        self.acceptance.observe(drafted, accepted, condition)
         step = draft_s / drafted
         self.draft_step_s = step if self.draft_step_s is None else 0.8 * self.draft_step_s + 0.2 * step
 
-    def expected_rate(self, k: int) -> float | None:
-        """Tokens per second expected with K = k."""
+    def expected_rate(self, k: int, condition=None, optimism: float = 0.0) -> float | None:
+        """Tokens per second expected with K = k (under `condition`, for a lookup drafter); with
+        optimism > 0, from the acceptance's upper confidence bound (AcceptanceModel.conditional)."""
         verify = self.curve.estimate(k + 1)
         if verify is None or (k > 0 and self.draft_step_s is None):
             return None
         cost = verify + (k * self.draft_step_s if k else 0.0)
-        return expected_tokens(self.alpha, k) / cost if cost > 0 else None
+        return self.acceptance.expected_tokens(k, condition, optimism) / cost if cost > 0 else None
 
     def note(self) -> str:
         if not self.plain:
             return ""
         return (
             f"Speculation measured slower than the target alone here (acceptance {self.alpha:.0%}); "
-            f"decoding plainly and re-trying every {self.probe_every} tokens."
+            f"decoding plainly and re-trying every {self._probe_interval} rounds."
         )
 
-    def _best(self) -> tuple[int | None, float, float]:
-        plain_rate = self.expected_rate(0)
-        if plain_rate is None or self.draft_step_s is None:
-            return None, 0.0, 0.0
-        rates = {k: self.expected_rate(k) or 0.0 for k in range(1, self.speculation.max_k + 1)}
-        best_k = max(rates, key=rates.get)
-        return best_k, rates[best_k], plain_rate
+
+@dataclass
+class Plan:
+    """One round's choice: which drafter drafts how many tokens, and the verify size to run."""
+
+    drafter: Drafter | None  # None: a plain step
+    controller: KController | None
+    k: int
+    condition: Hashable = None
+    verify_size: int = 1
+
+    @property
+    def drafter_name(self) -> str:
+        return self.drafter.name if self.drafter is not None and self.k > 0 else "none"
+
+
+@dataclass
+class _Option:
+    index: int
+    k: int
+    rate: float | None  # expected tokens/s; None before the member was measured
+    condition: Hashable
+    cap: int
+
+
+class DraftPlanner:
+    """Chooses each round's drafter and K: the member with the best expected tokens per second, or
+    none when no member is expected to beat a plain step. One member: that drafter's adaptive K.
+
+    Members never measured are probed first; a member that is not chosen is probed on its own
+    controller's schedule (KController.due_probe), so each one can recover.
+    """
+
+    def __init__(self, members: list[tuple[Drafter, KController]], curve: VerifyCostCurve):
+        assert members, "a planner needs at least one drafter"
+        self.members, self.curve = members, curve
+        self.plain = False
+
+    @property
+    def drafters(self) -> list[Drafter]:
+        return [drafter for drafter, _ in self.members]
+
+    def plan(self, context: list[int], limit: int) -> Plan:
+        if len(self.members) == 1:
+            drafter, controller = self.members[0]
+            hint = drafter.peek(context) if limit > 0 else Lookahead(available=0)
+            k = controller.choose(limit, hint)
+            self.plain = controller.plain
+            return self._plan(self.members[0], k, hint.condition, limit)
+        return self._plan_among(context, limit)
+
+    def observe(self, plan: Plan, result) -> None:
+        """`result`: a RoundResult (drafted, num_accepted, draft_s, verify_s, catch_up_s, verify_size)."""
+        if plan.controller is None or plan.k == 0:
+            self.curve.observe(result.verify_size, result.verify_s)
+            return
+        plan.controller.observe(
+            plan.k, result.drafted, result.num_accepted, result.draft_s - result.catch_up_s,
+            result.verify_s, plan.condition, result.verify_size,
+        )  # fmt: skip
+
+    def note(self) -> str:
+        if len(self.members) == 1:
+            return self.members[0][1].note()
+        return "No drafter is expected to beat the target alone here; decoding plainly." if self.plain else ""
+
+    @property
+    def alpha(self) -> float:
+        return max(controller.alpha for _, controller in self.members)
+
+    @property
+    def draft_step_s(self) -> float | None:
+        return self.members[0][1].draft_step_s
+
+    def _plan(self, member, k: int, condition, limit: int) -> Plan:
+        drafter, controller = member
+        if k <= 0:
+            return Plan(None, None, 0, None, 1)
+        size = self.curve.padded_size(k + 1, limit=limit + 1) if controller.speculation.adaptive else k + 1
+        return Plan(drafter, controller, k, condition, size)
+
+    def _plan_among(self, context: list[int], limit: int) -> Plan:
+        options: list[_Option] = []
+        for index, (drafter, controller) in enumerate(self.members):
+            hint = drafter.peek(context) if limit > 0 else Lookahead(available=0)
+            cap = min(limit, controller.speculation.max_k)
+            cap = cap if hint.available is None else min(cap, hint.available)
+            if cap <= 0:
+                continue
+            if not controller.speculation.adaptive:
+                k = min(controller.speculation.k, cap)
+                options.append(
+                    _Option(index, k, controller.expected_rate(k, hint.condition), hint.condition, cap)
+                )
+                continue
+            k, rate, _ = controller.best(cap, hint.condition)
+            measured = k is not None
+            options.append(
+                _Option(
+                    index, k or min(KController.PROBE_K, cap), rate if measured else None, hint.condition, cap
+                )
+            )
+        if not options:
+            self.plain = False
+            return Plan(None, None, 0, None, 1)
+        unmeasured = [option for option in options if option.rate is None]
+        if unmeasured:
+            return self._option_plan(unmeasured[0], limit)
+        best = max(options, key=lambda option: option.rate)
+        first = self.members[0][1]
+        plain_rate = first.expected_rate(0) or 0.0
+        self.plain = best.rate <= plain_rate * (1 + first.margin)
+        chosen = None if self.plain else best
+        for option in options:  # the members sitting this round out count towards their next probe
+            controller = self.members[option.index][1]
+            if option is chosen or not controller.speculation.adaptive:
+                continue
+            if controller.due_probe() and chosen is None:
+                option.k = controller.probe_k(option.k, option.cap)
+                chosen = option
+        return self._option_plan(chosen, limit) if chosen is not None else Plan(None, None, 0, None, 1)
+
+    def _option_plan(self, option: _Option, limit: int) -> Plan:
+        return self._plan(self.members[option.index], option.k, option.condition, limit)

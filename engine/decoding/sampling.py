@@ -8,6 +8,17 @@ Vocabulary (as in vLLM's rejection sampler):
   recovered - at the first rejected position, a token sampled from the residual distribution;
   bonus     - after all K draft tokens are accepted, one more token sampled from the target.
 Every round therefore emits `num_accepted + 1` tokens.
+
+Two exact rules for sampling:
+  accept_reject  - rejection sampling; the best acceptance for a sampled draft. Its random draws per
+                   round depend on K, so a seeded run repeats only if K repeats.
+  coupled_accept - a seeded request: every token the target emits at context index p is
+                   argmax(target_probs / E_p), E_p ~ Exp(1) drawn from (seed, p) alone
+                   (`PositionNoise`); a draft token is accepted when it equals that token. The output
+                   is the target's own sample whatever K or drafter each round used, so a seeded
+                   run repeats exactly under adaptive K. A one-hot (lookup) draft is accepted with
+                   probability target_probs[x], as under accept_reject; a model draft that samples
+                   with the same E_p is accepted a little less often than under rejection sampling.
 """
 
 from __future__ import annotations
@@ -25,9 +36,9 @@ def warp_logits(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Tenso
         logits = logits.masked_fill(logits < kth_best, float("-inf"))
     if sampling.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        sorted_probs = sorted_logits.softmax(dim=-1)
         # drop a token when the tokens ranked above it already cover top_p; the best token always stays
-        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= sampling.top_p
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= sampling.top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -52,6 +63,43 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     """
     race = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return torch.argmax(probs / race, dim=-1)
+
+
+class PositionNoise:
+    """Counter-based noise for seeded sampling: the Exp(1) race for context index p depends only on
+    (seed, p), never on how many numbers earlier rounds drew."""
+
+    def __init__(self, seed: int, device):
+        self.seed, self.device = seed, torch.device(device)
+        self._generator = torch.Generator(device=self.device)
+
+    def race(self, start: int, count: int, vocab_size: int) -> torch.Tensor:
+        """Noise for context indices start..start+count-1: [count, V] float32."""
+        rows = []
+        for position in range(start, start + count):
+            self._generator.manual_seed((self.seed * 1_000_003 + position) % (2**63 - 1))
+            rows.append(
+                torch.empty(vocab_size, device=self.device).exponential_(1.0, generator=self._generator)
+            )
+        return torch.stack(rows) if rows else torch.zeros((0, vocab_size), device=self.device)
+
+
+def coupled_sample(probs: torch.Tensor, race: torch.Tensor) -> torch.Tensor:
+    """The exponential race with given noise: [..., V], [..., V] -> [...] long."""
+    return torch.argmax(probs / race, dim=-1)
+
+
+def coupled_accept(
+    draft_tokens: torch.Tensor, target_probs: torch.Tensor, race: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded verification (see the module docstring): the target samples every position with its
+    position's noise, and draft tokens are kept while they equal those samples.
+
+    draft_tokens: [B, K] long; target_probs: [B, K+1, V]; race: [B, K+1, V] Exp(1) noise
+    returns (num_accepted [B] long, next_token [B] long)
+    """
+    target_tokens = coupled_sample(target_probs, race)  # [B, K+1]
+    return _first_rejection(draft_tokens == target_tokens[:, :-1], target_tokens)
 
 
 def greedy_accept(

@@ -17,10 +17,18 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.decoding.adaptive import KController, VerifyCostCurve
+from engine.decoding.adaptive import DraftPlanner, KController, Plan, VerifyCostCurve
 from engine.decoding.detok import IncrementalDetokenizer
-from engine.decoding.drafters import Cancelled, Drafter, NoDrafter, empty_draft
-from engine.decoding.sampling import accept_reject, greedy_accept, probs_from_logits, sample
+from engine.decoding.drafters import AutoDrafter, Cancelled, Drafter, NoDrafter, empty_draft
+from engine.decoding.sampling import (
+    PositionNoise,
+    accept_reject,
+    coupled_accept,
+    coupled_sample,
+    greedy_accept,
+    probs_from_logits,
+    sample,
+)
 from engine.events import Event, Finished, RoundStats, TextPiece, TokenSpan
 from engine.runtime.eager import ModelRunner
 from engine.settings import SamplingSettings, SpeculationSettings
@@ -35,10 +43,11 @@ class RoundResult:
     draft_s: float
     verify_s: float
     catch_up_s: float = 0.0  # part of draft_s spent reading skipped tokens, not drafting
+    verify_size: int = 1  # tokens the verify forward ran: drafted + 1, or more when padded
 
 
 def make_generator(sampling: SamplingSettings, device) -> torch.Generator:
-    """One generator per request: a seeded run repeats exactly."""
+    """One generator per request and device, for unseeded sampling (seeded requests use PositionNoise)."""
     generator = torch.Generator(device=device)
     if sampling.seed is None:
         generator.seed()
@@ -47,34 +56,57 @@ def make_generator(sampling: SamplingSettings, device) -> torch.Generator:
     return generator
 
 
+def make_noise(sampling: SamplingSettings, device) -> PositionNoise | None:
+    """Seeded sampling draws its noise per context index, so the run repeats exactly under adaptive K."""
+    if sampling.greedy or sampling.seed is None:
+        return None
+    return PositionNoise(sampling.seed, device)
+
+
 def speculative_round(
     target: ModelRunner,
-    drafter: Drafter,
+    drafter: Drafter | None,
     context: list[int],
     k: int,
     sampling: SamplingSettings,
     generator: torch.Generator,
     cancel: threading.Event | None,
+    *,
+    verify_size: int | None = None,
+    noise: PositionNoise | None = None,
 ) -> RoundResult:
-    # 1. Draft up to k tokens (k = 0: a plain decoding step).
+    # 1. Draft up to k tokens (k = 0 or no drafter: a plain decoding step).
     start = time.perf_counter()
-    drafter.catch_up_s = 0.0
-    draft = drafter.propose(context, k) if k > 0 else empty_draft(target.vocab_size, target.device)
+    if drafter is not None:
+        drafter.catch_up_s = 0.0
+    drafting = drafter is not None and k > 0
+    draft = drafter.propose(context, k) if drafting else empty_draft(target.vocab_size, target.device)
     target.synchronize()
     drafted_at = time.perf_counter()
     if cancel is not None and cancel.is_set():
-        drafter.update([])
+        if drafting:
+            drafter.update([])
         raise Cancelled
 
-    # 2. Verify: one target forward over the last context token and the draft tokens.
+    # 2. Verify: one target forward over the last context token and the draft tokens, padded to
+    #    `verify_size` when the cost curve says a larger forward is cheaper here (the padding rows
+    #    come after every real row, so causal attention keeps them out of the real rows' logits).
+    drafted = len(draft)
+    size = verify_size if verify_size is not None and drafted == k else drafted + 1
+    size = max(size, drafted + 1)
     last_token = torch.tensor([context[-1]], dtype=torch.long, device=target.device)
-    target_logits = target.forward(torch.cat([last_token, draft.tokens]))  # [K+1, V]
+    padding = last_token.expand(size - drafted - 1)
+    target_logits = target.forward(torch.cat([last_token, draft.tokens, padding]))[: drafted + 1]  # [K+1, V]
 
     # 3. Accept a prefix of the draft, then take the target's token: the correction at the first
     #    rejected position, or the bonus token after the last draft token.
     draft_tokens = draft.tokens.unsqueeze(0)  # [1, K]
     if sampling.greedy:
         num_accepted, next_token = greedy_accept(draft_tokens, target_logits.unsqueeze(0))
+    elif noise is not None:
+        target_probs = probs_from_logits(target_logits, sampling)  # [K+1, V]
+        race = noise.race(len(context), drafted + 1, target_probs.size(-1))  # [K+1, V]
+        num_accepted, next_token = coupled_accept(draft_tokens, target_probs.unsqueeze(0), race.unsqueeze(0))
     else:
         target_probs = probs_from_logits(target_logits, sampling)  # [K+1, V]
         num_accepted, next_token = accept_reject(
@@ -85,20 +117,28 @@ def speculative_round(
     ).tolist()  # the round's host sync
     verified_at = time.perf_counter()
 
-    # 4. Roll both caches back past the rejected draft tokens.
+    # 4. Roll both caches back past the rejected draft tokens (and any padding).
     accepted = draft_ids[:n]
     target.rollback(len(context) + n)  # holds context + accepted; the next token is fed next round
-    drafter.update(accepted)
+    if drafting:
+        drafter.update(accepted)
     return RoundResult(
-        accepted + [next_id], len(draft_ids), n, drafted_at - start, verified_at - drafted_at, drafter.catch_up_s
-    )
+        accepted + [next_id], drafted, n, drafted_at - start, verified_at - drafted_at,
+        drafter.catch_up_s if drafter is not None else 0.0, size,
+    )  # fmt: skip
+
+
+def planner_for(drafter: Drafter, speculation: SpeculationSettings, curve: VerifyCostCurve) -> DraftPlanner:
+    """One controller per drafter; an AutoDrafter's members compete round by round."""
+    members = drafter.members if isinstance(drafter, AutoDrafter) else [drafter]
+    return DraftPlanner([(member, KController(speculation, curve)) for member in members], curve)
 
 
 PREFILL_CHUNK = 512  # prompt tokens per target forward; cancelling is checked between chunks
 
 
 def prefill(
-    target: ModelRunner, prompt_ids: list[int], sampling: SamplingSettings, generator, cancel=None
+    target: ModelRunner, prompt_ids: list[int], sampling: SamplingSettings, generator, noise=None, cancel=None
 ) -> int:
     """Brings the target cache from prompt_ids[:cache_length] to the whole prompt; returns the first token.
 
@@ -114,7 +154,12 @@ def prefill(
             raise Cancelled
     logits = target.prefill(chunks[-1])  # [V]
     probs = probs_from_logits(logits, sampling)
-    first = probs.argmax() if sampling.greedy else sample(probs, generator)
+    if sampling.greedy:
+        first = probs.argmax()
+    elif noise is not None:
+        first = coupled_sample(probs, noise.race(len(prompt_ids), 1, probs.size(-1))[0])
+    else:
+        first = sample(probs, generator)
     return int(first.item())
 
 
@@ -129,16 +174,25 @@ def generate(
     on_event: Callable[[Event], None] | None = None,
     cancel: threading.Event | None = None,
     *,
-    controller: KController | None = None,
+    planner: DraftPlanner | None = None,
     stats: GenerationStats | None = None,
 ) -> Finished:
     """Generates after `prompt_ids`. The target cache must hold prompt_ids[:target.cache_length]
-    (anything from an earlier turn that matches); only the rest is prefilled."""
+    (anything from an earlier turn that matches); only the rest is prefilled.
+
+    `planner` chooses each round's drafter and K (kept across turns by ChatEngine); by default a
+    fresh one over `drafter` (or over an AutoDrafter's members)."""
     emit = on_event or (lambda event: None)
     stats = stats or GenerationStats()
-    controller = controller or KController(speculation, VerifyCostCurve())
+    planner = planner or planner_for(drafter, speculation, VerifyCostCurve())
     generator = make_generator(sampling, target.device)
-    drafter.begin(sampling, generator, cancel, speculation.p_min)
+    noise = make_noise(sampling, target.device)
+    for member in planner.drafters:
+        member.begin(sampling, generator, cancel, speculation.p_min)
+        member.couple(noise)
+    # drafters that read the target's features (draft heads) get them after every forward
+    readers = [member for member in planner.drafters if member.wants_hidden]
+    target.capture_hidden = readers[0].wants_hidden if readers else ()
     detok = IncrementalDetokenizer(tokenizer)
     plain_only = isinstance(drafter, NoDrafter)
     stats.drafter = drafter.name
@@ -170,21 +224,24 @@ def generate(
         return finish("cancelled")
     stats.prefill_tokens = len(prompt_ids) - min(target.cache_length, len(prompt_ids) - 1)
     try:
-        first_token = prefill(target, prompt_ids, sampling, generator, cancel=cancel)
+        first_token = prefill(target, prompt_ids, sampling, generator, noise, cancel)
     except Cancelled:
         return finish("cancelled")
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - started
     if cancel is not None and cancel.is_set():
         return finish("cancelled")
+    for reader in readers:
+        reader.observe_target(target.last_hidden, prompt_ids + [first_token])
     if publish([first_token], ["target"]) == "eos":
-        target_cache_holds(target, context)
+        rollback_target_to_context(target, context)
         return finish("eos")
     if not plain_only:
         # The draft reads the prompt now, as prompt processing: charged to drafting, a long prompt
         # would make every drafted token look expensive and adaptive K would stop drafting.
         drafter_started = time.perf_counter()
         try:
-            drafter.prefill(prompt_ids)
+            for member in planner.drafters:
+                member.prefill(prompt_ids)
         except Cancelled:
             return finish("cancelled")
         stats.prefill_time_s += time.perf_counter() - drafter_started
@@ -193,49 +250,59 @@ def generate(
         budget = min(sampling.max_new_tokens - stats.generated_tokens, target.context_length - len(context))
         if budget <= 0:
             return finish("max_tokens")
-        k = 0 if plain_only else controller.choose(limit=budget - 1)
+        plan = Plan(None, None, 0) if plain_only else planner.plan(context, limit=budget - 1)
         try:
-            result = speculative_round(target, drafter, context, k, sampling, generator, cancel)
+            result = speculative_round(
+                target, plan.drafter, context, plan.k, sampling, generator, cancel,
+                verify_size=plan.verify_size, noise=noise,
+            )  # fmt: skip
         except Cancelled:
             return finish("cancelled")
-        controller.observe(
-            k, result.drafted, result.num_accepted, result.draft_s - result.catch_up_s, result.verify_s
-        )
-        record_round(stats, controller, k, result)
-        stats.note = " ".join(filter(None, [base_note, controller.note()]))
+        planner.observe(plan, result)
+        record_round(stats, planner, plan, result)
+        stats.note = " ".join(filter(None, [base_note, planner.note()]))
         provenance = ["draft"] * result.num_accepted
         provenance.append("bonus" if result.drafted and result.num_accepted == result.drafted else "target")
         reason = publish(result.tokens, provenance)
+        for reader in readers:
+            reader.observe_target(target.last_hidden, context)
         stats.total_time_s = time.perf_counter() - started
         if reason == "eos":
-            target_cache_holds(target, context)
+            rollback_target_to_context(target, context)
             return finish("eos")
         emit(RoundStats(stats.copy()))
         if cancel is not None and cancel.is_set():
             return finish("cancelled")
 
 
-def target_cache_holds(target: ModelRunner, context: list[int]) -> None:
+def rollback_target_to_context(target: ModelRunner, context: list[int]) -> None:
     """After a reply ends early inside a round, drop cached tokens past context[:-1]."""
     target.rollback(min(target.cache_length, len(context) - 1))
 
 
-def record_round(stats: GenerationStats, controller: KController, k: int, result: RoundResult) -> None:
+def record_round(stats: GenerationStats, planner: DraftPlanner, plan: Plan, result: RoundResult) -> None:
     stats.rounds += 1
-    stats.current_k = k
-    stats.k_history.append(k)
+    stats.current_k = plan.k
+    stats.k_history.append(plan.k)
+    stats.drafter_history.append(plan.drafter_name)
     stats.drafted += result.drafted
     stats.accepted += result.num_accepted
     stats.accepted_lengths.append(result.num_accepted + 1)
+    stats.padded_tokens += result.verify_size - result.drafted - 1
+    if result.drafted and not result.num_accepted:
+        stats.wasted_rounds += 1
     for position in range(result.drafted):
         if position == len(stats.per_position_drafted):
             stats.per_position_drafted.append(0)
             stats.per_position_accepted.append(0)
         stats.per_position_drafted[position] += 1
         stats.per_position_accepted[position] += position < result.num_accepted
+    if result.drafted == 0:  # a plain step in this reply: the target alone, measured in the same conditions
+        stats.plain_steps += 1
+        stats.plain_step_time_s += result.verify_s
     stats.draft_time_s += result.draft_s
     stats.verify_time_s += result.verify_s
-    stats.fallback_to_plain = controller.plain
-    stats.alpha_estimate = controller.alpha
-    stats.draft_step_time_s = controller.draft_step_s
-    stats.verify_forward_s = controller.curve.to_dict()
+    stats.fallback_to_plain = planner.plain
+    stats.alpha_estimate = planner.alpha
+    stats.draft_step_time_s = planner.draft_step_s
+    stats.verify_forward_s = planner.curve.to_dict()

@@ -5,6 +5,10 @@ Every drafter has the same two calls:
                                  they were drawn from (one-hot for a deterministic drafter);
   update(accepted)               the draft tokens the target kept, so a drafter with a cache can
                                  drop the rest.
+and one optional call that adaptive K uses before it chooses K:
+  peek(context) -> Lookahead     what a proposal would be worth, without drafting: for a lookup
+                                 drafter, its match length (the condition acceptance is measured
+                                 under) and how many tokens it could propose (0: no match).
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ class Draft:
         return int(self.tokens.size(0))
 
 
+@dataclass(frozen=True)
+class Lookahead:
+    condition: int | None = None  # e.g. a bucketed match length; None: one condition for every round
+    available: int | None = None  # tokens a proposal could hold; None: as many as asked
+
+
 class Drafter:
     name = "none"
     # forwards a round costs besides the target's; zero for drafters without a model
@@ -37,6 +47,9 @@ class Drafter:
     # seconds the last proposal spent reading tokens the drafter had skipped (after plain rounds);
     # a one-off cost that must not count as the per-token price of drafting
     catch_up_s = 0.0
+    noise = None
+    # indices of the target's hidden states this drafter reads (see observe_target); empty: none
+    wants_hidden: tuple[int, ...] = ()
 
     def begin(
         self, sampling: SamplingSettings, generator: torch.Generator | None, cancel=None, p_min=0.0
@@ -44,8 +57,18 @@ class Drafter:
         """A new request starts: its sampling settings, random generator and cancel flag."""
         self.sampling = sampling
 
+    def couple(self, noise) -> None:
+        """Seeded sampling: `noise` (sampling.PositionNoise, or None) gives the Exp(1) race for each
+        context index. A sampling drafter that draws its tokens with it is accepted more often;
+        the output never depends on it (see sampling.coupled_accept)."""
+        self.noise = noise
+
     def propose(self, context: list[int], k: int) -> Draft:
         raise NotImplementedError
+
+    def peek(self, context: list[int]) -> Lookahead:
+        """Cheap: what the next proposal would be conditioned on. Model drafters know nothing in advance."""
+        return Lookahead()
 
     def update(self, accepted: list[int]) -> None:
         """`accepted`: the draft tokens the target kept in the last round (a prefix of the draft)."""
@@ -53,8 +76,19 @@ class Drafter:
     def prefill(self, context: list[int]) -> None:
         """Reads a new prompt before the first round, so that its cost is not charged to drafting."""
 
+    def observe_target(self, hidden, sequence: list[int]) -> None:
+        """The target's features from its last forward, for drafters that read them (wants_hidden):
+        hidden = (first position, [n, F*C]) or None; `sequence` is the context after that forward."""
+
     def reset(self) -> None:
         """Forget everything about earlier requests."""
+
+
+def match_bucket(length: int) -> int:
+    """A lookup's match length, bucketed so that acceptance is measured under few conditions."""
+    if length <= 4:
+        return length
+    return 6 if length <= 7 else 12 if length <= 15 else 16
 
 
 def empty_draft(vocab_size: int, device) -> Draft:

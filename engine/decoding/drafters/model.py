@@ -8,7 +8,7 @@ import time
 import torch
 
 from engine.decoding.drafters.base import Cancelled, Draft, Drafter, common_prefix_length, empty_draft
-from engine.decoding.sampling import probs_from_logits, sample
+from engine.decoding.sampling import coupled_sample, probs_from_logits, sample
 from engine.runtime.eager import ModelRunner
 from engine.settings import SamplingSettings
 
@@ -18,16 +18,24 @@ class ModelDrafter(Drafter):
 
     has_model = True
 
-    def __init__(self, runner: ModelRunner, target_vocab_size: int, name: str = "draft"):
+    def __init__(self, runner: ModelRunner, target_vocab_size: int, name: str = "draft", target_device=None):
         self.runner = runner
         self.target_vocab_size = target_vocab_size
+        # drafts are handed to the target on its device (the draft may run on another one)
+        self.target_device = torch.device(target_device) if target_device is not None else runner.device
         self.name = f"model:{name}"
         self.cached_tokens: list[int] = []  # a prefix of what the runner's cache holds
-        self._pending: tuple[list[int], int] | None = None  # (context, k) of the last proposal
+        self._pending: tuple[list[int], int] | None = None  # (context, draft tokens fed to the cache)
         self.begin(SamplingSettings(), None)
 
     def begin(self, sampling, generator, cancel: threading.Event | None = None, p_min: float = 0.0) -> None:
-        self.sampling, self.generator, self.cancel, self.p_min = sampling, generator, cancel, p_min
+        """`generator` is the request's (on the target's device); the draft samples with its own
+        generator on its own device, seeded from the request's so a seeded run repeats."""
+        self.sampling, self.cancel, self.p_min = sampling, cancel, p_min
+        self.generator = generator
+        if generator is not None and torch.device(generator.device) != self.runner.device:
+            self.generator = torch.Generator(device=self.runner.device)
+            self.generator.manual_seed(generator.initial_seed() + 1)
         self._pending = None
 
     def reset(self) -> None:
@@ -37,9 +45,9 @@ class ModelDrafter(Drafter):
     def propose(self, context: list[int], k: int) -> Draft:
         k = min(k, self.runner.context_length - len(context))
         if k <= 0:
-            return empty_draft(self.target_vocab_size, self.runner.device)
+            return empty_draft(self.target_vocab_size, self.target_device)
         logits = self._catch_up(context)  # [V_draft]
-        tokens, probs = [], []
+        tokens, probs, fed = [], [], 0
         for i in range(k):
             if self.p_min > 0 and self._confidence(logits) < self.p_min:
                 break
@@ -47,28 +55,37 @@ class ModelDrafter(Drafter):
                 token = logits[: self.target_vocab_size].argmax()  # []
             else:
                 draft_probs = self._target_width(probs_from_logits(logits, self.sampling))  # [V]
-                token = sample(draft_probs, self.generator)  # []
+                if self.noise is not None:  # seeded: the noise the target samples this index with
+                    race = self.noise.race(len(context) + i, 1, draft_probs.size(-1))[0]
+                    token = coupled_sample(draft_probs, race.to(draft_probs.device))  # []
+                else:
+                    token = sample(draft_probs, self.generator)  # []
                 probs.append(draft_probs)
             tokens.append(token)
             if i + 1 < k:
                 self._check_cancel()
                 logits = self.runner.forward(token.view(1))[-1]
-        self._pending = (context, len(tokens))
+                fed += 1
+        self._pending = (context, fed)
         if not tokens:
-            return empty_draft(self.target_vocab_size, self.runner.device)
-        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+            return empty_draft(self.target_vocab_size, self.target_device)
+        return Draft(
+            torch.stack(tokens).to(self.target_device),
+            torch.stack(probs).to(self.target_device) if probs else None,
+        )
 
     def prefill(self, context: list[int]) -> None:
         if len(context) > 1:
             self._catch_up(context)
 
     def update(self, accepted: list[int]) -> None:
-        """The cache holds context + draft[:k-1]; keep context + the accepted part of that."""
+        """The cache holds context + the draft tokens fed back (all but the last, or all of them when
+        p_min stopped the draft early); keep context + the accepted part of that."""
         if self._pending is None:
             return
-        context, k = self._pending
+        context, fed = self._pending
         self._pending = None
-        kept = context + accepted[: max(k - 1, 0)]
+        kept = context + accepted[:fed]
         self.runner.rollback(len(kept))
         self.cached_tokens = kept
 
@@ -90,11 +107,15 @@ class ModelDrafter(Drafter):
         return logits
 
     def _target_width(self, probs: torch.Tensor) -> torch.Tensor:
-        """Pads or cuts the draft vocabulary to the target's (they may differ by padding rows)."""
+        """Pads or cuts the draft vocabulary to the target's (they may differ by padding rows). A cut
+        is renormalised: the draft then samples from, and is judged by, the same distribution."""
         extra = self.target_vocab_size - probs.size(-1)
         if extra > 0:
             return torch.nn.functional.pad(probs, (0, extra))
-        return probs[..., : self.target_vocab_size] if extra < 0 else probs
+        if extra < 0:
+            probs = probs[..., : self.target_vocab_size]
+            return probs / probs.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+        return probs
 
     def _confidence(self, logits: torch.Tensor) -> float:
         """The draft's top probability (after the warpers when sampling)."""

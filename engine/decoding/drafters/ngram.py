@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.decoding.drafters.base import Draft, Drafter, empty_draft
+from engine.decoding.drafters.base import Draft, Drafter, Lookahead, empty_draft, match_bucket
 from engine.decoding.sampling import one_hot
+
+# how far back a match is followed to measure its length (the condition adaptive K uses)
+MAX_MATCH_LENGTH = 16
 
 
 class NgramDrafter(Drafter):
@@ -21,22 +24,41 @@ class NgramDrafter(Drafter):
 
     def reset(self) -> None:
         self._seen: list[int] = []  # the context already indexed
-        self._latest: dict[
-            tuple[int, ...], int
-        ] = {}  # n-gram -> index of the token after its latest occurrence
+        # n-gram -> index of the token after its latest occurrence
+        self._latest: dict[tuple[int, ...], int] = {}
+
+    def peek(self, context: list[int]) -> Lookahead:
+        """The match's length (how many tokens before the follower agree with the context's end)
+        and how many tokens follow it."""
+        follower = self._match(context)
+        if follower is None:
+            return Lookahead(condition=0, available=0)
+        length = 0
+        while (
+            length < min(MAX_MATCH_LENGTH, follower)
+            and context[follower - 1 - length] == context[-1 - length]
+        ):
+            length += 1
+        return Lookahead(condition=match_bucket(length), available=len(context) - follower)
 
     def propose(self, context: list[int], k: int) -> Draft:
+        follower = self._match(context)
+        if follower is None:
+            return empty_draft(self.vocab_size, self.device)
+        tokens = torch.tensor(context[follower : follower + k], dtype=torch.long, device=self.device)
+        return Draft(tokens, None if self.sampling.greedy else one_hot(tokens, self.vocab_size))
+
+    def _match(self, context: list[int]) -> int | None:
         self._index(context)
         for n in range(min(self.ngram_max, len(context) - 1), self.ngram_min - 1, -1):
             follower = self._latest.get(tuple(context[-n:]))
             if follower is not None:
-                tokens = torch.tensor(context[follower : follower + k], dtype=torch.long, device=self.device)
-                return Draft(tokens, None if self.sampling.greedy else one_hot(tokens, self.vocab_size))
-        return empty_draft(self.vocab_size, self.device)
+                return follower
+        return None
 
     def _index(self, context: list[int]) -> None:
         """Indexes every n-gram of `context` that has a following token (so not the context's own suffix)."""
-        if context[: len(self._seen)] != self._seen:
+        if len(context) < len(self._seen) or context[: len(self._seen)] != self._seen:
             self.reset()
         for follower in range(max(len(self._seen), 1), len(context)):
             for n in range(self.ngram_min, min(self.ngram_max, follower) + 1):

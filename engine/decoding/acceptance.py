@@ -1,0 +1,125 @@
+"""What a drafter's round really yields: per-position conditional acceptance, measured.
+
+A round that drafts K tokens emits the accepted prefix plus the target's own token, so
+    E(K) = 1 + sum_{j=1..K} prod_{i<j} p_i,      p_i = P(draft token i accepted | tokens 0..i-1 accepted).
+A single rate a (p_i = a for every i) is the geometric model, and it does not fit lookup drafters:
+their acceptance is bimodal (a match is right for many tokens or wrong at the first one), so p_0 is
+low and p_1, p_2, ... are high. Measuring each p_i separately fits both shapes.
+
+A lookup drafter also says how long its match is before it drafts (`Drafter.peek`); acceptance is
+kept per match length too ("condition"), shrunk towards the drafter's overall figures while a
+condition has few observations:
+    p_i(all)  = (accepted_i + prior_i * w) / (decided_i + w),   prior_0 = PRIOR_ACCEPTANCE,
+                                                   prior_i = max(PRIOR_AFTER_ACCEPT, p_{i-1}(all))
+    p_i(c)    = (accepted_i(c) + p_i(all) * w) / (decided_i(c) + w)
+Counts decay, so the model follows a drafter whose acceptance changes within a reply. The prior
+of a later position is at least the estimate of the one before: once a draft token is accepted,
+the next one is rarely less likely to be (equal for the geometric shape, higher for the bimodal
+one), and an optimistic figure for positions never drafted is what lets K grow to measure them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from engine.settings import MAX_K
+
+PRIOR_ACCEPTANCE = 0.5  # before anything is measured: a coin flip for the first draft token
+PRIOR_AFTER_ACCEPT = 0.8  # and a likely acceptance for the next ones once one was accepted
+PRIOR_WEIGHT = 1.0  # worth one observation
+# at most this many distinct conditions are kept per drafter (match lengths are bucketed, so few)
+MAX_CONDITIONS = 32
+
+
+class AcceptanceModel:
+    def __init__(
+        self,
+        positions: int = MAX_K,
+        prior: float = PRIOR_ACCEPTANCE,
+        prior_weight: float = PRIOR_WEIGHT,
+        decay: float = 0.99,
+    ):
+        self.positions, self.prior, self.prior_weight, self.decay = positions, prior, prior_weight, decay
+        self._all = _Counts(positions)
+        self._by_condition: dict[Hashable, _Counts] = {}
+
+    def observe(self, drafted: int, accepted: int, condition: Hashable = None) -> None:
+        """One round: `drafted` tokens proposed, the first `accepted` kept. Positions after the first
+        rejection were never decided and are not counted."""
+        if drafted <= 0:
+            return
+        self._all.add(drafted, accepted, self.decay)
+        if condition is not None:
+            counts = self._by_condition.get(condition)
+            if counts is None:
+                if len(self._by_condition) >= MAX_CONDITIONS:
+                    self._by_condition.pop(next(iter(self._by_condition)))
+                counts = self._by_condition[condition] = _Counts(self.positions)
+            counts.add(drafted, accepted, self.decay)
+
+    def conditional(self, condition: Hashable = None, optimism: float = 0.0) -> list[float]:
+        """[p_0, p_1, ...]: acceptance at each position given every earlier one was accepted.
+
+        optimism z > 0 raises p_0 to an upper confidence bound, p + z * sqrt(p (1 - p) / (n + 1)) with
+        n the (decayed) rounds behind it: a drafter measured a few times gets tried a few more times
+        before one unlucky round can write it off. (Later positions already start from an optimistic
+        prior, PRIOR_AFTER_ACCEPT.)"""
+        estimates = [p for p, _ in self._estimates(condition)]
+        if optimism > 0:
+            p, n = estimates[0], self.observations(condition)
+            estimates[0] = min(1.0, p + optimism * (p * (1 - p) / (n + 1)) ** 0.5)
+        return estimates
+
+    def _estimates(self, condition: Hashable) -> list[tuple[float, float]]:
+        """(p_i, decided_i) per position, shrunk as the module docstring says."""
+        pooled, prior = [], self.prior
+        for accepted, decided in zip(self._all.accepted, self._all.decided, strict=True):
+            estimate = (accepted + prior * self.prior_weight) / (decided + self.prior_weight)
+            pooled.append(estimate)
+            prior = max(PRIOR_AFTER_ACCEPT, estimate)
+        counts = self._by_condition.get(condition) if condition is not None else None
+        if counts is None:
+            return list(zip(pooled, self._all.decided, strict=True))
+        return [
+            ((a + p * self.prior_weight) / (d + self.prior_weight), d)
+            for a, d, p in zip(counts.accepted, counts.decided, pooled, strict=True)
+        ]
+
+    def expected_tokens(self, k: int, condition: Hashable = None, optimism: float = 0.0) -> float:
+        """E(K): tokens a round drafting k emits on average (accepted drafts + the target's token)."""
+        return expected_tokens_from(self.conditional(condition, optimism), k)
+
+    def observations(self, condition: Hashable = None) -> float:
+        """Decayed number of rounds behind the estimate for `condition` (all rounds for None)."""
+        counts = self._all if condition is None else self._by_condition.get(condition)
+        return counts.decided[0] if counts is not None else 0.0
+
+    @property
+    def first_position_rate(self) -> float:
+        return self.conditional()[0]
+
+
+def expected_tokens_from(conditional: list[float], k: int) -> float:
+    total, survive = 1.0, 1.0
+    for p in conditional[:k]:
+        survive *= p
+        total += survive
+    return total
+
+
+class _Counts:
+    """Decayed accepted / decided counts per draft position."""
+
+    def __init__(self, positions: int):
+        self.accepted = [0.0] * positions
+        self.decided = [0.0] * positions
+
+    def add(self, drafted: int, accepted: int, decay: float) -> None:
+        for i in range(len(self.decided)):
+            self.accepted[i] *= decay
+            self.decided[i] *= decay
+        for i in range(min(accepted, len(self.decided))):
+            self.accepted[i] += 1.0
+            self.decided[i] += 1.0
+        if accepted < drafted and accepted < len(self.decided):
+            self.decided[accepted] += 1.0

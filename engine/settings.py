@@ -9,7 +9,8 @@ from typing import Literal
 from engine.errors import SettingsError
 
 MAX_K = 16
-DrafterKind = Literal["model", "ngram", "none"]
+DrafterKind = Literal["auto", "model", "ngram", "suffix", "none"]
+DRAFTER_KINDS = ("auto", "model", "ngram", "suffix", "none")
 
 
 @dataclass
@@ -53,8 +54,8 @@ class SpeculationSettings:
         return self.k is None
 
     def validate(self) -> None:
-        if self.drafter not in ("model", "ngram", "none"):
-            raise SettingsError(f"Unknown drafter '{self.drafter}': choose model, ngram or none.")
+        if self.drafter not in DRAFTER_KINDS:
+            raise SettingsError(f"Unknown drafter '{self.drafter}': choose {', '.join(DRAFTER_KINDS)}.")
         if self.k is not None and not 1 <= self.k <= MAX_K:
             raise SettingsError(f"K must be between 1 and {MAX_K}, not {self.k}.")
         if not 1 <= self.max_k <= MAX_K:

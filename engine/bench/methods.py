@@ -8,10 +8,19 @@ from dataclasses import dataclass
 from engine.bench.records import Tally, TurnResult, tally_from_stats
 from engine.errors import SettingsError
 
-METHOD_KINDS = ("baseline", "tandem", "tandem-ngram", "hf-assisted", "hf-lookup", "hf-plain")
+METHOD_KINDS = (
+    "baseline",
+    "tandem",
+    "tandem-ngram",
+    "tandem-suffix",
+    "tandem-auto",
+    "hf-assisted",
+    "hf-lookup",
+    "hf-plain",
+)
 
 
-K_SWEPT_KINDS = ("tandem", "tandem-ngram")
+K_SWEPT_KINDS = ("tandem", "tandem-ngram", "tandem-suffix", "tandem-auto")
 
 
 HF_KINDS = ("hf-assisted", "hf-lookup", "hf-plain")
@@ -265,7 +274,10 @@ def build_runners(
     """draft_kind: 'model', 'ngram' or 'none', what --draft asked for."""
     from engine.settings import SpeculationSettings
 
-    drafters = {"baseline": "none", "tandem": draft_kind, "tandem-ngram": "ngram"}
+    drafters = {
+        "baseline": "none", "tandem": draft_kind, "tandem-ngram": "ngram", "tandem-suffix": "suffix",
+        "tandem-auto": "auto",
+    }  # fmt: skip
     engine = None
     runners = []
     for method in methods:

@@ -35,7 +35,7 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument(
         "--methods",
         default=None,
-        help=f"comma list from baseline, tandem, tandem-ngram, hf-assisted, hf-lookup, hf-plain (default: {DEFAULT_METHODS})",
+        help=f"comma list from baseline, tandem, tandem-ngram, tandem-suffix, tandem-auto, hf-assisted, hf-lookup, hf-plain (default: {DEFAULT_METHODS})",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -80,7 +80,9 @@ def chosen_method_kinds(args) -> list[str]:
 
 
 def needs_draft_model(methods: list[Method], kind: str) -> bool:
-    return any(m.kind == "hf-assisted" or (m.kind == "tandem" and kind == "model") for m in methods)
+    return any(
+        m.kind == "hf-assisted" or (m.kind in ("tandem", "tandem-auto") and kind == "model") for m in methods
+    )
 
 
 def load_models(args, methods: list[Method]):

@@ -202,9 +202,15 @@ class KController:
         plain_rate = self.expected_rate(0)
         if plain_rate is None or self.draft_step_s is None or cap <= 0:
             return None, 0.0, plain_rate or 0.0
-        rates = {k: self.expected_rate(k, condition, self.optimism) or 0.0 for k in range(1, cap + 1)}
-        best_k = max(rates, key=rates.get)
-        return best_k, rates[best_k], plain_rate
+        conditional = self.acceptance.conditional(condition, self.optimism)
+        best_k, best_rate, tokens, survive = None, 0.0, 1.0, 1.0
+        for k in range(1, cap + 1):  # E(k) built up position by position
+            survive *= conditional[k - 1] if k - 1 < len(conditional) else 0.0
+            tokens += survive
+            rate = tokens / (self.curve.estimate(k + 1) + k * self.draft_step_s)
+            if best_k is None or rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate, plain_rate
 
     def due_probe(self) -> bool:
         """Counts one round this drafter sat out while losing; True when it should probe."""

@@ -55,7 +55,7 @@ class LlamaServer:
         # one thread: llama.cpp's threads spin while waiting, which starves a shared 2-core machine
         self.process = subprocess.Popen(
             [str(SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port), "-t", "1", "-c", "2048",
-             "-np", "1", "--metrics", "--no-webui", "-a", "smollm2", *[gguf if a == "{gguf}" else a for a in extra]],
+             "-np", "1", "--poll", "0", "--metrics", "--no-webui", "-a", "smollm2", *[gguf if a == "{gguf}" else a for a in extra]],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         deadline = time.monotonic() + 180

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from engine.bench.records import Tally, TurnResult, tally_from_stats
 from engine.errors import SettingsError
 
+# llama-cpp, llama-cpp-spec: llama.cpp's llama-server on the same GGUF (engine/bench/llama_cpp.py)
 METHOD_KINDS = (
     "baseline",
     "tandem",
@@ -17,6 +18,8 @@ METHOD_KINDS = (
     "hf-assisted",
     "hf-lookup",
     "hf-plain",
+    "llama-cpp",
+    "llama-cpp-spec",
 )
 
 
@@ -291,6 +294,10 @@ def build_runners(
                 engine.prepare()
             speculation = SpeculationSettings(drafter=drafters[method.kind], k=method.k, max_k=max_k)
             runners.append(TandemRunner(method, engine, speculation))
+        elif method.kind.startswith("llama-cpp"):
+            from engine.bench.llama_cpp import LlamaCppRunner
+
+            runners.append(LlamaCppRunner(method, target.spec, sampling))
         else:
             runners.append(HFRunner(method, target, draft, sampling, hf))
     return runners

@@ -1,0 +1,148 @@
+"""llama.cpp's `llama-server` as a benchmark method, on the same GGUF and the same prompt tokens.
+
+`llama-cpp` is plain decoding; `llama-cpp-spec` is llama.cpp's own speculative decoding with the same
+GGUF as draft (`-md`), the usual way to try it without a second model. Each turn sends Tandem's
+prompt token ids to `/completion` (so both engines read identical tokens) and times the call here,
+as the Tandem methods are timed around `generate_ids`. Draft counts are llama.cpp's `timings`
+(draft_n, draft_n_accepted); llama.cpp does not report rounds, so no mean accepted length is shown.
+
+llama-server runs with `--poll 0`: its threads sleep instead of spinning while they wait, as torch's do,
+which keeps it from collapsing on a machine shared with other work.
+
+Not like for like in one respect: llama.cpp runs the GGUF's Q4_1 weights with its own kernels, while
+Tandem runs the same weights dequantized to fp32. The binaries come from packaging/build_llama_cpp.sh.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import weakref
+from pathlib import Path
+
+from engine.bench.records import Tally, TurnResult
+from engine.errors import TandemError
+
+LLAMA_CPP_KINDS = ("llama-cpp", "llama-cpp-spec")
+DEFAULT_BIN = Path(__file__).resolve().parents[2] / ".venv" / "llama.cpp" / "bin"
+START_TIMEOUT_S = 180
+
+
+class LlamaCppNotBuiltError(TandemError):
+    pass
+
+
+def llama_server_path() -> Path:
+    path = Path(os.environ.get("TANDEM_LLAMA_CPP_BIN", DEFAULT_BIN)) / "llama-server"
+    if not path.is_file():
+        raise LlamaCppNotBuiltError(
+            f"The llama-cpp methods need llama-server, which is not built ({path}). "
+            "Build it once with packaging/build_llama_cpp.sh (about 10-15 minutes)."
+        )
+    return path
+
+
+def gguf_for(target_spec: str) -> Path:
+    """The GGUF file behind a target: a .gguf path, or the built-in model's packaged file."""
+    from engine.models.builtin import builtin_entry, builtin_gguf_path, is_builtin
+
+    if is_builtin(target_spec):
+        return builtin_gguf_path(builtin_entry(target_spec))
+    if target_spec.endswith(".gguf") and Path(target_spec).is_file():
+        return Path(target_spec)
+    raise TandemError(f"The llama-cpp methods need a .gguf target or a built-in model, not '{target_spec}'.")
+
+
+class LlamaServerProcess:
+    """One llama-server on a free loopback port, stopped when the runner is collected or at exit."""
+
+    def __init__(self, gguf: Path, threads: int, context: int, extra: list[str]):
+        import httpx
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        command = [str(llama_server_path()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                   "-t", str(threads), "-c", str(context), "-np", "1", "--no-webui", "--poll", "0", *extra]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self._finalizer = weakref.finalize(self, _stop, self.process)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.process.poll() is not None:
+                raise TandemError("llama-server stopped at start-up: " + self.process.stderr.read()[-500:])
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TandemError(f"llama-server did not start within {START_TIMEOUT_S} s.")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._finalizer()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+class LlamaCppRunner:
+    """A benchmark method served by llama-server; same interface as the Tandem and HF runners."""
+
+    def __init__(self, method, target_spec: str, sampling, threads: int | None = None, context: int = 4096):
+        import httpx
+        import torch
+
+        self.method = method
+        self.sampling = sampling
+        gguf = gguf_for(target_spec)
+        extra = ["-md", str(gguf), "--spec-type", "draft-simple"] if method.kind == "llama-cpp-spec" else []
+        threads = threads or torch.get_num_threads()
+        if extra:
+            extra += ["-td", str(threads)]
+        self.server = LlamaServerProcess(gguf, threads, context, extra)
+        self._client = httpx.Client(base_url=self.server.url, timeout=600)
+
+    def start_prompt(self) -> None:
+        """A new question: llama-server keeps one slot, whose cache the next prompt overwrites."""
+
+    def run_turn(self, prompt_ids: list[int], tokenizer) -> TurnResult:
+        sampling = self.sampling
+        body = {
+            "prompt": list(prompt_ids),
+            "n_predict": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "return_tokens": True,
+            "cache_prompt": True,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        start = time.perf_counter()
+        response = self._client.post("/completion", json=body)
+        elapsed = time.perf_counter() - start
+        if response.status_code != 200:
+            raise TandemError(f"llama-server refused a benchmark prompt: {response.text[:300]}")
+        data = response.json()
+        token_ids = [int(t) for t in data.get("tokens", [])]
+        timings = data.get("timings", {})
+        tally = Tally(calls=1, generated_tokens=len(token_ids), time_s=elapsed)
+        tally.drafted = int(timings.get("draft_n", 0))
+        tally.accepted = int(timings.get("draft_n_accepted", 0))
+        return TurnResult(token_ids, tokenizer.decode(token_ids, skip_special_tokens=True), tally)
+
+    def close(self) -> None:
+        self._client.close()
+        self.server.stop()

@@ -306,7 +306,7 @@ class MainWindow(ModelLoading, ReplyEvents, QtWidgets.QMainWindow):
 
     def _store_user_message(self, text: str) -> None:
         if self.conversation_id is None:
-            title = " ".join(text.split())[:TITLE_LENGTH]
+            title = conversation_title(text)
             prompt = self.conversation_actions.system_prompt_for_new()
             self.conversation_id = self.store.create_conversation(
                 title=title, target_model=self.config.target, system_prompt=prompt
@@ -410,3 +410,14 @@ class MainWindow(ModelLoading, ReplyEvents, QtWidgets.QMainWindow):
         self.send_button.setText("Stop" if generating else "Send")
         self.send_button.setToolTip("Stop generating (Esc)" if generating else "Send (Enter)")
         self.send_button.setEnabled(not (generating and self.reply.stopping))
+
+
+def conversation_title(text: str) -> str:
+    """A new conversation's title: its first message on one line, cut at a word with an ellipsis."""
+    line = " ".join(text.split())
+    if len(line) <= TITLE_LENGTH:
+        return line
+    cut = line[: TITLE_LENGTH - 1]
+    if " " in cut[TITLE_LENGTH // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,.;:") + "…"

@@ -213,7 +213,11 @@ class Sidebar(QtWidgets.QWidget):
         self._search_timer.start()
 
     @Slot(QtWidgets.QListWidgetItem, QtWidgets.QListWidgetItem)
-    def _on_current_changed(self, current, _previous) -> None:
+    def _on_current_changed(self, current, previous) -> None:
+        for item, selected in ((previous, False), (current, True)):  # a hit's label follows the selection
+            label = self.list.itemWidget(item) if item is not None else None
+            if label is not None:
+                label.setStyleSheet("color: palette(highlighted-text);" if selected else "")
         if self._updating or current is None or current.data(ID_ROLE) is None:
             return
         message_id = current.data(MESSAGE_ROLE)

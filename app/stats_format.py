@@ -166,7 +166,7 @@ def footer_line(stats: GenerationStats | dict) -> str:
         else:
             parts.append(f"×{speedup:.2f} vs target alone (measured in this reply)")
     if stats.drafter:
-        parts.append(describe_drafter(stats.drafter))
+        parts.append("automatic drafter" if stats.drafter == "auto" else describe_drafter(stats.drafter))
     return " · ".join(parts)
 
 

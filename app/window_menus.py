@@ -27,6 +27,9 @@ def build_menus(window) -> None:
     window.search_action = action("Search", "Ctrl+F", window.sidebar.focus_search)
     window.stop_action = action("Stop", "Esc", window.escape)
     window.settings_action = action("Settings…", "Ctrl+,", window.open_settings)
+    window.models_action = action(
+        "Models…", None, lambda: _open_models(window), "Installed models, downloads"
+    )
     window.system_prompt_action = action(
         "System prompt…",
         "Ctrl+Shift+P",
@@ -49,6 +52,7 @@ def build_menus(window) -> None:
     chat = window.menuBar().addMenu("&Chat")
     for act in (window.new_action, window.search_action, window.stop_action, window.settings_action):
         chat.addAction(act)
+    chat.addAction(window.models_action)
     chat.addSeparator()
     quit_action = chat.addAction("Quit")
     quit_action.setShortcut(QtGui.QKeySequence.StandardKey.Quit)
@@ -83,3 +87,9 @@ def build_menus(window) -> None:
 
 def shortcut_actions(window) -> list[QtGui.QAction]:
     return [a for a in window.actions() if not a.shortcut().isEmpty()]
+
+
+def _open_models(window):
+    from app.model_manager import open_model_manager
+
+    return open_model_manager(window)

@@ -178,6 +178,14 @@ def test_send_streams_tokens_and_stores_the_reply(qtbot, store):
     assert window.reply is None and "\n" in window.message_edit.toPlainText()
 
 
+def test_a_long_first_message_makes_a_short_title():
+    from app.main_window import conversation_title
+
+    assert conversation_title("  Say\nhello ") == "Say hello"
+    title = conversation_title("Write a Python function that checks whether a number is prime, please")
+    assert title == "Write a Python function that checks whether a…" and len(title) <= 48
+
+
 def test_user_message_is_committed_before_generation(qtbot, store):
     engine = ScriptedEngine(["a"] * 150, delay_s=0.01)
     window = open_window(qtbot, store, engine)

@@ -313,7 +313,8 @@ class Probes(QObject):
         self._requested.connect(self._worker.run)
         self._worker.done.connect(self._on_done)
         self._tokens: dict[str, int] = {}
-        self.destroyed.connect(functools.partial(_quit_thread, self._thread))
+        # look-ups are short and downloads stop at their next progress report, so this waits for them
+        self.destroyed.connect(functools.partial(_quit_thread, self._thread, timeout_ms=-1))
         self._thread.start()
 
     def submit(self, kind: str, work: Callable[[], Any]) -> int:

@@ -115,7 +115,7 @@ def format_stats(stats: GenerationStats) -> dict[str, str]:
     speculating = stats.drafter != "none" and not stats.fallback_to_plain
     values = {
         "drafter": describe_drafter(stats.drafter),
-        "k": f"{stats.current_k} ({stats.k_mode})" if speculating else DASH,
+        "k": _k_text(stats) if speculating else DASH,
         "acceptance": _acceptance(stats),
         "mean_accepted": _number(stats.mean_accepted_length, "{:.2f} tokens/round"),
         "tokens_per_s": _number(tokens_per_second(stats), "{:.1f} tok/s"),
@@ -183,6 +183,12 @@ def footer_tooltip(stats: GenerationStats | dict) -> str:
 
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _k_text(stats: GenerationStats) -> str:
+    if stats.current_k == 0:
+        return f"0 ({stats.k_mode}: the last round drafted nothing)"
+    return f"{stats.current_k} ({stats.k_mode})"
 
 
 def _acceptance(stats: GenerationStats) -> str:

@@ -55,6 +55,10 @@ def test_switching_drafter_and_k_shows_in_the_panel(panel):
     panel.update_stats(round_stats(drafter="ngram", k_mode="adaptive", k=6))
     assert panel.value_text("drafter") == "n-gram lookup"
     assert panel.value_text("k") == "6 (adaptive)"
+    stats = round_stats(drafter="ngram", k_mode="adaptive", k=6)
+    stats.current_k = 0
+    panel.update_stats(stats)
+    assert panel.value_text("k") == "0 (adaptive: the last round drafted nothing)"
 
 
 def test_measured_speedup_above_one_reads_faster(panel):

@@ -90,10 +90,12 @@ def build_serving_engine(args, speculation, sampling):
         draft_spec = args.draft
     else:
         draft_spec = None if speculation.drafter == "auto" else "none"
+    precision = getattr(args, "precision", None)  # --precision, where the model options offer it
+    extra = {"target_precision": precision} if precision else {}
     progress = ProgressBar()
     try:
         target, draft = load_pair(
-            args.target, draft_spec, quantization=args.quant, device=args.device, progress=progress
+            args.target, draft_spec, quantization=args.quant, device=args.device, progress=progress, **extra
         )
     finally:
         progress.close()

@@ -8,7 +8,15 @@ from engine.errors import SettingsError
 from engine.models.builtin import DEFAULT_TARGET
 from engine.models.loading import load_config, load_model
 from engine.models.memory import estimate_weight_bytes
-from engine.models.quantize import int4_cpu_unavailable_reason, quantization_note, quantize_model
+from engine.models.quant_check import MIN_AGREEMENT, check_against, probe_inputs, reference_run
+from engine.models.quant_kernels import KERNELS, candidates
+from engine.models.quantize import (
+    _reloader,
+    int4_cpu_unavailable_reason,
+    precision_note,
+    quantization_note,
+    quantize_model,
+)
 
 PROMPT = "The capital of France is"
 TOKENS = 8
@@ -49,8 +57,14 @@ def test_notes_for_the_settings_panel():
 
 @pytest.mark.slow
 def test_cpu_int8_copy(builtin_model, fp32_tokens):
+    """The INT8 copy uses the kernel Tandem chose on this machine, and that kernel passed the check."""
     int8 = quantize_model(builtin_model, "int8")
     assert int8.quantization == "int8" and int8.model is not builtin_model.model
+    chosen = KERNELS[int8.info["kernel"]]
+    assert chosen in candidates("int8", "cpu") and chosen.unavailable_reason() is None
+    check = int8.info["kernel_check"]
+    assert check["passed"] and check["agreement"] >= MIN_AGREEMENT["int8"] and check["tokens"] > 150
+    assert int8.info["kernel"] in int8.info["quantization_note"] and int8.info["kernel_reason"]
     # The original keeps its float head tied to the embedding; the copy's head is INT8.
     assert type(builtin_model.model.lm_head) is nn.Linear
     assert builtin_model.model.lm_head.weight is builtin_model.model.model.embed_tokens.weight
@@ -64,17 +78,38 @@ def test_cpu_int8_copy(builtin_model, fp32_tokens):
 
 
 @pytest.mark.slow
+def test_cpu_int4_copy(fp32_tokens):
+    int4 = load_model(DEFAULT_TARGET, device="cpu", quantization="int4")
+    assert int4.quantization == "int4" and int4.info["precision"] == "int4"
+    assert int4.info["kernel_check"]["passed"]
+    assert int4.info["quantization_note"].startswith("INT4 saves memory but is slower on this CPU.")
+    assert int4.info["memory_bytes"] < 0.4 * int4.info["memory_bytes_before"]
+    estimate = estimate_weight_bytes(load_config(DEFAULT_TARGET), "int4")
+    if int4.info["kernel"] == "int4-weight-g32":
+        assert abs(estimate - int4.info["memory_bytes"]) <= 0.15 * int4.info["memory_bytes"]
+    assert agreement(greedy_tokens(int4), fp32_tokens) >= 0.6
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(
     int4_cpu_unavailable_reason() is not None, reason="bitsandbytes NF4 does not run on this CPU"
 )
-def test_cpu_int4_via_bitsandbytes(fp32_tokens):
-    int4 = load_model(DEFAULT_TARGET, device="cpu", quantization="int4")
-    assert int4.quantization == "int4"
-    assert int4.info["quantization_note"] == "INT4 saves memory but is slower on this CPU."
-    assert int4.info["memory_bytes"] < 0.4 * int4.info["memory_bytes_before"]
-    estimate = estimate_weight_bytes(load_config(DEFAULT_TARGET), "int4")
-    assert abs(estimate - int4.info["memory_bytes"]) <= 0.15 * int4.info["memory_bytes"]
-    assert agreement(greedy_tokens(int4), fp32_tokens) >= 0.6
+def test_cpu_int4_via_bitsandbytes(builtin_model):
+    """bitsandbytes NF4 on CPU runs and is measured by the same check (0.69 agreement measured on an
+    AVX-512 machine, just under the INT4 bar, so there it is refused in favour of int4-weight-g32)."""
+    reload = _reloader(builtin_model.path, builtin_model.device, builtin_model.dtype, "int4")
+    probes = probe_inputs(builtin_model.tokenizer, builtin_model.device)
+    _maxima, reference = reference_run(builtin_model.model, probes)
+    result = check_against(reference, reload(KERNELS["int4-nf4-bnb"]), probes, "int4")
+    assert result.agreement >= 0.6 and result.passed == (result.agreement >= MIN_AGREEMENT["int4"])
+
+
+@pytest.mark.slow
+def test_target_precision_int8_is_not_the_fp32_target(builtin_model):
+    int8 = load_model(DEFAULT_TARGET, device="cpu", precision="int8")
+    assert int8.info["precision"] == "int8" and int8.quantization == "int8"
+    assert builtin_model.info["precision"] == "fp32"
+    assert "not identical" in precision_note("int8", int8.device)
 
 
 @pytest.mark.cuda

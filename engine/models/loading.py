@@ -189,38 +189,59 @@ def load_model(
     dtype: str = "auto",
     progress: ProgressCallback | None = None,
     quantization: str = "none",
+    precision: str | None = None,
 ) -> LoadedModel:
-    """Load model and tokenizer; `quantization` is "none", "int8" or "int4" (see engine.models.quantize)."""
+    """Load model and tokenizer.
+
+    `quantization` is "none", "int8" or "int4" (see engine.models.quantize): the kernel is chosen
+    and checked against the float model here, and named in `info["kernel"]`. `precision`
+    (fp32, bf16, int8, int4) is the same choice said as a target's precision: it sets the dtype or
+    the quantization, and is recorded in `info["precision"]`.
+    """
     from transformers import AutoModelForCausalLM
 
-    from engine.models.memory import model_memory_bytes, weight_bytes_from_model
+    from engine.models.memory import model_memory_bytes
     from engine.models.quantize import (
-        cpu_int8_quantize,
-        load_time_quantization,
+        _reloader,
+        precision_settings,
         quantization_note,
+        quantize_checked,
         validate_mode,
     )
 
+    if precision is not None:
+        dtype, quantization = precision_settings(precision, dtype, quantization)
     validate_mode(quantization)
     folder = resolve_folder(spec, progress)
     check_model_folder(folder)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     tokenizer = load_tokenizer(folder)
-    extra = load_time_quantization(quantization, torch_device, torch_dtype)
-    model = _from_pretrained(AutoModelForCausalLM, folder, dtype=torch_dtype, **extra)
-    if not extra:
-        model.to(torch_device)
+    model = _from_pretrained(AutoModelForCausalLM, folder, dtype=torch_dtype)
+    model.to(torch_device)
     model.eval()
-    before = weight_bytes_from_model(model, torch_dtype) if extra else model_memory_bytes(model)
-    if quantization == "int8" and torch_device.type == "cpu":
-        model = cpu_int8_quantize(model)
     info = {
-        "memory_bytes_before": before,
-        "memory_bytes": model_memory_bytes(model),
+        "memory_bytes_before": model_memory_bytes(model),
         "quantization_note": quantization_note(quantization, torch_device),
         "source": spec_kind(spec),
     }
+    if quantization != "none":
+        if progress is not None:
+            progress(f"Choosing an {quantization.upper()} kernel for this machine", 0, 1)
+        reload = _reloader(folder, torch_device, torch_dtype, quantization)
+        model, kernel_info = quantize_checked(model, tokenizer, quantization, torch_device, folder, reload)
+        info.update(kernel_info)
+        model.eval()
+    info["memory_bytes"] = model_memory_bytes(model)
+    info["precision"] = precision_name(torch_dtype, quantization)
     return LoadedModel(
         spec, model, tokenizer, torch_device, torch_dtype, quantization, path=folder, info=info
     )
+
+
+def precision_name(dtype, quantization: str) -> str:
+    """fp32, bf16, fp16, int8 or int4: what a model's weights compute in."""
+    if quantization != "none":
+        return quantization
+    names = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+    return names.get(str(dtype), str(dtype))

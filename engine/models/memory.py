@@ -13,6 +13,7 @@ COMFORTABLE_SHARE = 0.85
 CUDA_CONTEXT_BYTES = 500 * 1024**2
 MIN_RUNTIME_OVERHEAD_BYTES = 64 * 1024**2
 NF4_BLOCK = 64
+INT4_GROUP = 32  # engine.models.quant_kernels' int4-weight-g32
 
 
 # ---- measured --------------------------------------------------------------------------------
@@ -35,6 +36,7 @@ def model_memory_bytes(model) -> int:
     for tensor in (*model.parameters(), *model.buffers()):
         add(tensor)
     for module in model.modules():
+        total += getattr(module, "packed_bytes", 0)  # engine.models.quant_kernels.DynamicInt8Linear
         packed = getattr(module, "_packed_params", None)
         if packed is not None and hasattr(packed, "_weight_bias"):  # torch dynamic INT8 Linear
             weight, bias = packed._weight_bias()
@@ -85,8 +87,8 @@ def estimate_weight_bytes(
 ) -> int:
     """Weight bytes of a model built from `config`, without loading weights (a meta-device model).
 
-    CPU INT8 quantizes every Linear, lm_head included (a tied embedding keeps its float copy);
-    bitsandbytes leaves lm_head unquantized.
+    CPU kernels (engine.models.quant_kernels) quantize every Linear, lm_head included (a tied
+    embedding keeps its float copy); bitsandbytes on CUDA leaves lm_head unquantized.
     """
     import torch
     from torch import nn
@@ -102,7 +104,7 @@ def estimate_weight_bytes(
     quantized: dict[int, nn.Linear] = {}
     if quantization != "none":
         for module in model.modules():
-            if isinstance(module, nn.Linear) and (on_cpu and quantization == "int8" or module is not head):
+            if isinstance(module, nn.Linear) and (on_cpu or module is not head):
                 quantized[id(module.weight)] = module
     owned_elsewhere = {
         id(p) for m in model.modules() if not isinstance(m, nn.Linear) for p in m.parameters(recurse=False)
@@ -123,10 +125,13 @@ def estimate_weight_bytes(
 def _quantized_linear_bytes(linear, quantization: str, on_cpu: bool, element_size: int) -> int:
     rows, numel = linear.weight.shape[0], linear.weight.numel()
     bias = 0 if linear.bias is None else linear.bias.numel() * element_size
+    columns = linear.weight.shape[1]
     if quantization == "int8" and on_cpu:
-        return numel + bias  # one scale and zero point per tensor
+        return numel + rows * 4 + columns * element_size + bias  # row scales, smoothing scales
     if quantization == "int8":
         return numel + rows * 4 + bias  # fp32 scale per row
+    if on_cpu:
+        return numel // 2 + (numel // INT4_GROUP) * 2 * element_size + bias  # scale and zero per group
     return numel // 2 + (numel // NF4_BLOCK) * 4 + bias  # fp32 absmax per block
 
 

@@ -17,15 +17,19 @@ def load_pair(
     dtype: str = "auto",
     progress: ProgressCallback | None = None,
     draft_device: str | None = None,
+    target_precision: str | None = None,
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the target, then the draft.
 
     draft_spec None means "a quantized copy of the target", the only same-tokenizer draft for a
-    model that ships alone. 'ngram' and 'none' load no draft model.
+    model that ships alone. 'ngram' and 'none' load no draft model. target_precision (fp32, bf16,
+    int8, int4; None: the device's default dtype) is the precision whose output Tandem reproduces.
     """
     from engine.models.compat import check_compatible
 
-    target = load_model(target_spec, device=device, dtype=dtype, progress=progress)
+    target = load_model(
+        target_spec, device=device, dtype=dtype, progress=progress, precision=target_precision
+    )
     if draft_spec is not None and draft_spec.lower() in NO_DRAFT_MODEL:
         return target, None
     draft_device = draft_device or device

@@ -1,24 +1,65 @@
-"""Quantized drafts: "none", "int8" or "int4".
+"""Quantized models: "none", "int8" or "int4", for a draft or (as its precision) for the target.
 
-On CUDA both use bitsandbytes at load time (LLM.int8, and NF4 computing in bf16/fp16).
-On CPU, INT8 is torch's dynamic quantization of every nn.Linear (fbgemm kernels, faster than fp32);
-INT4 is bitsandbytes NF4 on the CPU backend, which saves memory but runs slower than fp32.
+A quantized model is never used unchecked. `quantize_checked` tries the kernels of
+engine.models.quant_kernels for the mode and device, fastest first (a brief microbenchmark of the
+model's own layer shapes, cached per machine), checks each against the float model on probe text
+(engine.models.quant_check, cached per model, kernel, torch version and CPU features) and keeps the
+first that passes. Which kernel, why, and the check's numbers go into LoadedModel.info:
+"kernel", "kernel_reason", "kernel_check" ({agreement, max_logit_error, ...}), "kernels_refused"
+and "quantization_note".
+
+On CUDA the bitsandbytes modes (LLM.int8, NF4) quantize while loading; INT4 can also use torch's
+own int4pack kernel.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
 
 from engine.errors import SettingsError
 
 QUANTIZATION_MODES = ("none", "int8", "int4")
+PRECISIONS = ("fp32", "bf16", "int8", "int4")
 
 
 def validate_mode(mode: str) -> None:
     if mode not in QUANTIZATION_MODES:
         raise SettingsError(f"Unknown quantization '{mode}': choose none, int8 or int4.")
+
+
+def precision_settings(precision: str, dtype: str = "auto", quantization: str = "none") -> tuple[str, str]:
+    """(dtype, quantization) for a target precision: fp32, bf16, int8 or int4.
+
+    INT8 and INT4 quantize the fp32 (CPU) or auto-dtype (GPU) weights with the checked kernels. A
+    quantized target is not the fp32 target: its own greedy output is what "lossless" means then.
+    """
+    if precision not in PRECISIONS:
+        raise SettingsError(f"Unknown precision '{precision}': choose fp32, bf16, int8 or int4.")
+    if precision in ("fp32", "bf16"):
+        if quantization != "none":
+            raise SettingsError(f"Precision {precision} cannot be combined with {quantization} quantization.")
+        return ("float32" if precision == "fp32" else "bfloat16"), "none"
+    if quantization not in ("none", precision):
+        raise SettingsError(f"Precision {precision} cannot be combined with {quantization} quantization.")
+    return dtype, precision
+
+
+def precision_note(precision: str, device) -> str:
+    """One line for a target precision choice: what it costs, and what lossless then means."""
+    if precision == "fp32":
+        return "fp32: the model's full-precision weights."
+    if precision == "bf16":
+        on_cuda = getattr(device, "type", device) == "cuda"
+        from engine.models.quant_kernels import cpu_flags
+
+        native = on_cuda or bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+        speed = "" if native else " This CPU has no native bf16, so it is likely slower than fp32."
+        return f"bf16 halves the weights' memory; output differs slightly from fp32.{speed}"
+    return (
+        f"{precision.upper()} target: less memory; its output is not identical to the fp32 model's. "
+        "Speculative decoding keeps this target's own output exactly."
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -72,26 +113,118 @@ def load_time_quantization(mode: str, device, dtype) -> dict[str, Any]:
 
 
 def cpu_int8_quantize(model, inplace: bool = True):
-    """Dynamic INT8 for every nn.Linear, lm_head included.
+    """torch.ao's stock dynamic INT8 of every nn.Linear, unchecked; the report's `int8-dynamic-plain`."""
+    import copy
 
-    With tied embeddings the head gets its own INT8 copy and the input embedding stays float,
-    so the tie is broken on purpose, not corrupted.
+    from engine.models.quant_kernels import KERNELS
+
+    return KERNELS["int8-dynamic-plain"].build(model if inplace else copy.deepcopy(model))
+
+
+# ---- choosing a kernel -----------------------------------------------------------------------
+
+
+def _kernel_note(mode: str, device, chosen, refused: list[dict]) -> str:
+    base = quantization_note(mode, device)
+    line = f"Kernel: {chosen.name} ({chosen.summary})."
+    if refused:
+        why = "; ".join(f"{r['kernel']}: {r['reason']}" for r in refused)
+        line += f" Not used here: {why}."
+    return f"{base} {line}".strip()
+
+
+def quantize_checked(
+    model, tokenizer, mode: str, device, folder=None, reload=None, kernels: list | None = None
+):
+    """The float `model` quantized with the fastest kernel that passes the check here, and its info.
+
+    `model` is changed in place when the chosen kernel quantizes after loading. `reload(kernel)`
+    loads a load-time (bitsandbytes) kernel's model from the folder; without it those are skipped.
+    `kernels` replaces the candidate list and its order (by default: quant_kernels.candidates for
+    the mode and device, fastest first as measured here).
+    Raises SettingsError when no kernel for the mode runs correctly here.
     """
-    import torch
-    from torch import nn
+    import copy
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
-        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=inplace)
+    from engine.models import quant_check as qc
+    from engine.models import quant_kernels as qk
+
+    device_type = getattr(device, "type", str(device))
+    fingerprint = qc.model_fingerprint(folder, getattr(model, "config", None))
+    cache = qc.read_cache()
+    ranked = kernels is None
+    if kernels is None:
+        kernels = qk.candidates(mode, device_type)
+    kernels = [k for k in kernels if reload is not None or not k.load_time]
+    refused: list[dict] = []
+    runnable = []
+    for kernel in kernels:
+        reason = kernel.unavailable_reason()
+        if reason is None:
+            runnable.append(kernel)
+        else:
+            refused.append({"kernel": kernel.name, "reason": f"unavailable ({reason})"})
+    speeds = qk.ranked_by_speed(runnable, model, cache, fingerprint) if ranked else {}
+    ordered = sorted(runnable, key=lambda k: speeds.get(k.name, float("inf"))) if ranked else runnable
+    probes = qc.probe_inputs(tokenizer, device)
+    maxima = reference = None  # from one float forward over the probes, only when needed
+    for kernel in ordered:
+        key = qc.machine_key(kernel.name, kernel.version, fingerprint)
+        cached = cache.get(key, {}).get("check")
+        if cached is not None and not cached["passed"]:
+            refused.append({"kernel": kernel.name, "reason": _failure(cached, mode), "check": cached})
+            continue
+        if (cached is None or kernel.smooth) and maxima is None:
+            maxima, reference = qc.reference_run(model, probes)
+        if kernel.load_time:
+            candidate = reload(kernel)
+        elif cached is not None:
+            candidate = kernel.build(model, maxima)
+        else:
+            candidate = kernel.build(copy.deepcopy(model), maxima)
+        if cached is None:
+            result = qc.check_against(reference, candidate, probes, mode).to_dict()
+            qc.write_cache_entry(key, {**cache.get(key, {}), "kernel": kernel.name, "check": result})
+            if not result["passed"]:
+                refused.append({"kernel": kernel.name, "reason": _failure(result, mode), "check": result})
+                del candidate
+                continue
+            cached = result
+        faster_than = [r["kernel"] for r in refused if "check" in r]
+        reason = "fastest kernel here" if not refused else "fastest kernel here that passed the check"
+        if faster_than:
+            reason += f" ({', '.join(faster_than)} failed it)"
+        info = {
+            "kernel": kernel.name,
+            "kernel_summary": kernel.summary,
+            "kernel_reason": reason,
+            "kernel_check": cached,
+            "kernel_estimated_ms": round(speeds[kernel.name], 3) if kernel.name in speeds else None,
+            "kernels_refused": refused,
+            "quantization_note": _kernel_note(mode, device, kernel, refused),
+        }
+        return candidate, info
+    why = "; ".join(f"{r['kernel']}: {r['reason']}" for r in refused) or "no kernel for this device"
+    raise SettingsError(f"No {mode.upper()} kernel runs correctly on this machine ({why}). Choose 'none'.")
+
+
+def _failure(check: dict, mode: str) -> str:
+    from engine.models.quant_check import MIN_AGREEMENT
+
+    return (
+        f"failed the check: top-1 agreement {check['agreement']:.2f} with the float model "
+        f"(needs {MIN_AGREEMENT[mode]:.2f}), max logit error {check['max_logit_error']:.1f}"
+    )
 
 
 def quantize_model(loaded, mode: str):
     """A quantized copy of a loaded model, leaving the original untouched.
 
-    CPU INT8 quantizes the weights in memory; bitsandbytes modes reload from the model's folder.
+    Kernels that quantize in memory work on a copy; bitsandbytes kernels reload from the model's folder.
     """
+    import copy
+
     from engine.models.loaded import LoadedModel
-    from engine.models.loading import load_model
     from engine.models.memory import model_memory_bytes
 
     validate_mode(mode)
@@ -99,21 +232,29 @@ def quantize_model(loaded, mode: str):
         return loaded
     if loaded.quantization != "none":
         raise SettingsError("Quantize from the unquantized model, not from an already quantized one.")
-    if mode == "int8" and loaded.device.type == "cpu":
-        model = cpu_int8_quantize(loaded.model, inplace=False).eval()
-        info = dict(loaded.info)
-        info.update(
-            memory_bytes_before=model_memory_bytes(loaded.model),
-            memory_bytes=model_memory_bytes(model),
-            quantization_note=quantization_note(mode, loaded.device),
-        )
-        return LoadedModel(
-            loaded.spec, model, loaded.tokenizer, loaded.device, loaded.dtype, mode, loaded.path, info
-        )
-    if loaded.path is None:
-        raise SettingsError(
-            f"{mode.upper()} quantizes while loading, and this model has no folder to reload from."
-        )
-    quantized = load_model(str(loaded.path), device=str(loaded.device), dtype=loaded.dtype, quantization=mode)
-    quantized.spec = loaded.spec
-    return quantized
+    reload = _reloader(loaded.path, loaded.device, loaded.dtype, mode) if loaded.path is not None else None
+    source = copy.deepcopy(loaded.model)
+    model, kernel_info = quantize_checked(source, loaded.tokenizer, mode, loaded.device, loaded.path, reload)
+    info = dict(loaded.info)
+    info.update(
+        kernel_info,
+        memory_bytes_before=model_memory_bytes(loaded.model),
+        memory_bytes=model_memory_bytes(model),
+    )
+    return LoadedModel(
+        loaded.spec, model.eval(), loaded.tokenizer, loaded.device, loaded.dtype, mode, loaded.path, info
+    )
+
+
+def _reloader(folder, device, dtype, mode: str):
+    """A function that loads `folder` quantized while loading (bitsandbytes), for quantize_checked."""
+
+    def reload(_kernel):
+        from transformers import AutoModelForCausalLM
+
+        from engine.models.loading import _from_pretrained
+
+        extra = load_time_quantization(mode, device, dtype)
+        return _from_pretrained(AutoModelForCausalLM, folder, dtype=dtype, **extra).eval()
+
+    return reload

@@ -98,7 +98,12 @@ def load_models(args, methods: list[Method]):
     progress = ProgressBar()
     try:
         return load_pair(
-            args.target, draft_spec, quantization=args.quant, device=args.device, progress=progress
+            args.target,
+            draft_spec,
+            quantization=args.quant,
+            device=args.device,
+            progress=progress,
+            target_precision=args.precision,
         )
     finally:
         progress.close()
@@ -119,6 +124,7 @@ def bench_config(args, prompts_path, prompts, methods, k_values, hf: HFSettings)
         "target": args.target,
         "draft": args.draft if args.draft else "quantized copy of the target",
         "quant": args.quant,
+        "precision": args.precision or "default",
         "compiled": args.compiled,
         "device": args.device,
         "k": ["adaptive" if k is None else k for k in k_values],

@@ -25,6 +25,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quant", choices=["none", "int8", "int4"], default="int8", help="draft quantization"
     )
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "int8", "int4"],
+        default=None,
+        help="the target's precision (default: fp32 on CPU, bf16/fp16 on GPU); int8/int4 targets "
+        "are checked kernels whose output is close to, not identical to, fp32",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument(
         "--compiled",
@@ -138,9 +145,11 @@ def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSetti
             quantization=args.quant,
             device=args.device,
             progress=progress,
+            target_precision=args.precision,
         )
     finally:
         progress.close()
+    print_kernel_notes(target, draft)
     engine = ChatEngine(target, draft, speculation=speculation, sampling=sampling, compiled=args.compiled)
     progress = ProgressBar()
     try:
@@ -148,6 +157,13 @@ def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSetti
     finally:
         progress.close()
     return engine
+
+
+def print_kernel_notes(target, draft) -> None:
+    """Which quantized kernel each model uses here, and why (stderr, so answers stay clean)."""
+    for role, loaded in (("Target", target), ("Draft", draft)):
+        if loaded is not None and loaded.info.get("kernel"):
+            print(f"{role} ({loaded.info['precision']}): {loaded.info['quantization_note']}", file=sys.stderr)
 
 
 class TerminalPrinter:

@@ -17,12 +17,14 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli.bench import add_bench_parser
     from engine.cli.chat import add_chat_parser
     from engine.cli.models import add_models_parser
+    from engine.cli.quant_report import add_quant_report_parser
     from engine.cli.transfer import add_export_parser, add_import_parser
     from engine.cli.serve import add_serve_parser
 
     add_chat_parser(subparsers)
     add_models_parser(subparsers)
     add_bench_parser(subparsers)
+    add_quant_report_parser(subparsers)
     add_export_parser(subparsers)
     add_import_parser(subparsers)
     add_serve_parser(subparsers)

@@ -141,6 +141,8 @@ def causal_mask(input_pos: Tensor, window: int) -> Tensor:
 
 def _is_quantized(module: nn.Module) -> bool:
     name = type(module).__module__
+    if getattr(module, "compilable", True) is False:  # engine.models.quant_kernels' packed INT8
+        return True
     return "quantized" in name or "bitsandbytes" in name or "torchao" in name
 
 

@@ -9,7 +9,9 @@ torch and transformers are imported by the engine factory, which runs on the wor
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import threading
 import traceback
 from collections.abc import Callable
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.qt import QObject, QThread, Signal, Slot
-from engine.errors import TandemError
+from engine.errors import SettingsError, TandemError
 from engine.events import Failed, Finished, Progress, RoundStats, TextPiece
 from engine.settings import SamplingSettings, SpeculationSettings
 
@@ -37,6 +39,7 @@ class LoadRequest:
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     backend: str = "local"  # "local" or "server"
+    target_precision: str = "default"  # fp32, bf16, int8, int4, or the device's default
     server_url: str = ""  # for "server"; its API key comes from engine.remote.credentials
 
     @classmethod
@@ -54,6 +57,7 @@ class LoadRequest:
             sampling=config.sampling(),
             backend=config.backend,
             server_url=config.server_url,
+            target_precision=config.target_precision,
         )
 
 
@@ -66,6 +70,7 @@ class EngineInfo:
     device: str
     quantization: str
     notices: tuple[str, ...] = ()  # how the models run, when it is not the fastest path
+    kernels: tuple[str, ...] = ()  # the quantized kernel of each quantized model, and why it was chosen
 
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -81,6 +86,11 @@ def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> 
 
     # "auto" may choose the draft model among the drafters, so it loads one too
     draft_spec = request.draft if request.drafter in ("model", "auto") else "none"
+    extra = {}
+    if request.target_precision != "default":
+        if "target_precision" not in inspect.signature(load_pair).parameters:
+            raise SettingsError("This version of the engine cannot choose the target's precision.")
+        extra["target_precision"] = request.target_precision
     target, draft = load_pair(
         request.target,
         draft_spec,
@@ -89,6 +99,7 @@ def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> 
         dtype=request.dtype,
         progress=progress,
         draft_device="cpu" if request.draft_on_cpu else None,
+        **extra,
     )
     progress("Preparing the engine", 0, 1)
     engine = ChatEngine(
@@ -101,8 +112,21 @@ def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> 
         device=str(target.device),
         quantization=draft.quantization if draft is not None else "none",
         notices=tuple(engine.notices),
+        kernels=kernel_lines(target, draft),
     )
     return engine, info
+
+
+def kernel_lines(*models) -> tuple[str, ...]:
+    """'draft: <kernel> — <why>' for each quantized model (LoadedModel.info from engine.models.quantize)."""
+    lines = []
+    for role, model in zip(("target", "draft"), models, strict=False):
+        info = getattr(model, "info", None) or {}
+        kernel = info.get("kernel_summary") or info.get("kernel")
+        if kernel:
+            reason = info.get("kernel_reason")
+            lines.append(f"{role}: {kernel}" + (f" — {reason}" if reason else ""))
+    return tuple(lines)
 
 
 def remote_engine_factory(request: LoadRequest, progress: ProgressCallback) -> tuple[Any, EngineInfo]:
@@ -313,8 +337,9 @@ class Probes(QObject):
         self._requested.connect(self._worker.run)
         self._worker.done.connect(self._on_done)
         self._tokens: dict[str, int] = {}
-        # look-ups are short and downloads stop at their next progress report, so this waits for them
-        self.destroyed.connect(functools.partial(_quit_thread, self._thread, timeout_ms=-1))
+        # Look-ups are short and downloads stop at their next progress report, so this waits for them;
+        # the worker is cut off first, so nothing is delivered to an object being destroyed.
+        self.destroyed.connect(functools.partial(_abandon, self._thread, self._worker))
         self._thread.start()
 
     def submit(self, kind: str, work: Callable[[], Any]) -> int:
@@ -334,6 +359,12 @@ class Probes(QObject):
     def _on_done(self, kind: str, token: int, result: Any, error: BaseException | None) -> None:
         if token == self._tokens.get(kind):
             self.answered.emit(kind, token, result, error)
+
+
+def _abandon(thread: QThread, worker: ProbeWorker, *_args) -> None:
+    with contextlib.suppress(RuntimeError, TypeError):  # nothing was connected any more
+        worker.done.disconnect()
+    _quit_thread(thread, timeout_ms=-1)
 
 
 def _quit_thread(thread: QThread, *_args, timeout_ms: int = 15000) -> bool:

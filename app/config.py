@@ -25,6 +25,8 @@ DEFAULT_DRAFTER = "auto" if "auto" in DRAFTERS else "model"
 # drafters that use the draft model (auto may choose it)
 MODEL_DRAFTERS = ("model", "auto")
 BACKENDS = ("local", "server")
+# the target's precision, whose output Tandem reproduces exactly; "default": the device's usual dtype
+TARGET_PRECISIONS = ("default", "fp32", "bf16", "int8", "int4")
 QUANTIZATIONS = ("none", "int8", "int4")
 K_MODES = ("adaptive", "fixed")
 COMPILED = ("auto", "on", "off")  # auto: compile on CUDA; on: compile on CPU too (minutes per shape)
@@ -32,7 +34,7 @@ COMPILED = ("auto", "on", "off")  # auto: compile on CUDA; on: compile on CPU to
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
 # Fields whose change means loading a different target model.
-_TARGET_FIELDS = ("target", "device", "dtype", "compiled")
+_TARGET_FIELDS = ("target", "device", "dtype", "compiled", "target_precision")
 
 
 @dataclass
@@ -59,6 +61,7 @@ class AppConfig:
     stop_strings: str = ""  # one per line
     backend: str = "local"  # "local": the models on this computer; "server": an OpenAI-compatible server
     server_url: str = ""  # its API key is kept by the credentials store, never here
+    target_precision: str = "default"
 
     # --- engine settings ---------------------------------------------------------------------------
 
@@ -88,6 +91,7 @@ class AppConfig:
         _choice("K mode", self.k_mode, K_MODES)
         _choice("Compilation", self.compiled, COMPILED)
         _choice("Backend", self.backend, BACKENDS)
+        _choice("Target precision", self.target_precision, TARGET_PRECISIONS)
         if self.backend == "server":
             url = self.server_url.strip()
             if not url.startswith(("http://", "https://")) or len(url) < 10:

@@ -75,6 +75,7 @@ class SettingsDialog(QtWidgets.QDialog):
         self.resize(640, 560)  # fits a 1366x768 screen with room for the title bar and a panel
 
         self._show_config(config)
+        self._show_kernels(getattr(bridge, "info", None))
         self._connect_inputs()
         self._ask("specs", (), probes.known_specs)
         self._ask("devices", (), probes.devices)
@@ -98,6 +99,7 @@ class SettingsDialog(QtWidgets.QDialog):
             backend="server" if w.server_radio.isChecked() else "local",
             server_url=w.server_url_edit.text().strip(),
             target=w.target_picker.spec(),
+            target_precision=w.precision_combo.currentData(),
             device=w.device_combo.currentData() or "auto",
             dtype=w.dtype_combo.currentData(),
             compiled=w.compiled_combo.currentData(),
@@ -161,6 +163,7 @@ class SettingsDialog(QtWidgets.QDialog):
             w.api_key_edit.setText(_load_api_key(config.server_url))
         w.target_picker.set_spec(config.target)
         w.draft_picker.set_spec(config.draft)
+        select(w.precision_combo, config.target_precision)
         set_choices(w.drafter_combo, {d: DRAFTER_LABELS.get(d, d) for d in DRAFTERS})
         select(w.drafter_combo, config.drafter)
         select(w.quantization_combo, config.draft_quantization)
@@ -182,9 +185,19 @@ class SettingsDialog(QtWidgets.QDialog):
         w.stop_edit.setPlainText(config.stop_strings)
         w.system_prompt_edit.setPlainText(config.system_prompt)
 
+    def _show_kernels(self, info) -> None:
+        """The quantized kernels of the loaded models and why each was chosen (engine.models.quantize)."""
+        kernels = getattr(info, "kernels", ())
+        if info is None:
+            text = "Shown once the models have loaded."
+        else:
+            text = "\n".join(kernels) or "No quantized model is loaded: plain floating-point kernels."
+        self.w.kernel_note.setText(text)
+
     def _connect_inputs(self) -> None:
         w = self.w
         for signal in (
+            w.precision_combo.currentIndexChanged,
             w.target_picker.changed, w.draft_picker.changed, w.drafter_combo.currentIndexChanged,
             w.quantization_combo.currentIndexChanged, w.device_combo.currentIndexChanged,
             w.dtype_combo.currentIndexChanged, w.compiled_combo.currentIndexChanged,
@@ -204,7 +217,8 @@ class SettingsDialog(QtWidgets.QDialog):
         drafting = local and config.drafter in MODEL_DRAFTERS
         for widget in (w.server_url_edit, w.api_key_edit):
             widget.setEnabled(not local)
-        for widget in (w.target_picker, w.drafter_combo, w.device_combo, w.dtype_combo, w.compiled_combo):
+        local_only = (w.target_picker, w.precision_combo, w.drafter_combo, w.device_combo, w.dtype_combo)
+        for widget in (*local_only, w.compiled_combo):
             widget.setEnabled(local)
         for widget in (w.draft_picker, w.quantization_combo, w.draft_on_cpu_box):
             widget.setEnabled(drafting)
@@ -220,7 +234,10 @@ class SettingsDialog(QtWidgets.QDialog):
             return verdict, {spec: probes.check_draft(target, spec, cache) for spec in listed}
 
         self._ask("draft", (target, draft, tuple(listed)) if drafting else None, check_drafts)
-        memory = dict(device=config.device, dtype=config.dtype, draft_on_cpu=config.draft_on_cpu,
+        precision = config.target_precision
+        memory = dict(device=config.device, draft_on_cpu=config.draft_on_cpu,
+                      dtype={"fp32": "float32", "bf16": "bfloat16"}.get(precision, config.dtype),
+                      target_quantization=precision if precision in ("int8", "int4") else "none",
                       draft_quantization=config.draft_quantization)  # fmt: skip
         self._ask(
             "memory",

@@ -5,7 +5,7 @@ No behaviour beyond layout here; app/settings_dialog.py reads and checks the val
 
 from __future__ import annotations
 
-from app.config import COMPILED, DTYPES, QUANTIZATIONS
+from app.config import COMPILED, DTYPES, QUANTIZATIONS, TARGET_PRECISIONS
 from app.qt import Qt, QtWidgets, Signal
 from engine.settings import MAX_K
 
@@ -27,6 +27,8 @@ TIPS = {
     "api_key": "Sent as a bearer token. Kept in the system keyring (or a private file), never in the "
     "conversation database or the settings.",
     "target": "The model that answers. Its output is exactly what you get: drafting only makes it faster.",
+    "target_precision": "The target's precision. Its output is exactly what that precision would give: "
+    "INT8/INT4 save memory, fp32 is the reference. 'default' is bf16/fp16 on a GPU and fp32 on a CPU.",
     "drafter": "What proposes tokens for the target to check in one pass. Automatic tries the drafters "
     "on this machine and keeps the fastest; None decodes plainly.",
     "draft": "A small model sharing the target's tokenizer. Models that cannot draft for this target are "
@@ -137,6 +139,7 @@ class SettingsWidgets:
         self.target_picker = ModelPicker(specs)
         self.draft_picker = ModelPicker(specs)
         self.drafter_combo = choices(DRAFTER_LABELS)
+        self.precision_combo = choices({p: p if p == "default" else p.upper() for p in TARGET_PRECISIONS})
         self.quantization_combo = choices({q: q.upper() if q != "none" else "None" for q in QUANTIZATIONS})
         self.draft_on_cpu_box = QtWidgets.QCheckBox("Run the draft on the CPU")
         self.device_combo = choices({"auto": "auto", "cpu": "cpu"})
@@ -175,6 +178,7 @@ class SettingsWidgets:
             (self.local_radio, "backend"), (self.server_radio, "backend"),
             (self.server_url_edit, "server_url"), (self.api_key_edit, "api_key"),
             (self.target_picker.combo, "target"), (self.drafter_combo, "drafter"),
+            (self.precision_combo, "target_precision"),
             (self.draft_picker.combo, "draft"), (self.quantization_combo, "quantization"),
             (self.draft_on_cpu_box, "draft_on_cpu"), (self.device_combo, "device"),
             (self.dtype_combo, "dtype"), (self.compiled_combo, "compiled"),
@@ -209,6 +213,7 @@ class SettingsWidgets:
         form.addRow("Target:", self.target_picker)
         form.addRow("", self.target_reason)
         form.addRow("", note_label(HUB_NOTE))
+        form.addRow("Target precision:", self.precision_combo)
         form.addRow("Drafter:", self.drafter_combo)
         form.addRow("", self.drafter_reason)
         form.addRow("Draft model:", self.draft_picker)

@@ -280,3 +280,38 @@ def test_server_mode_needs_a_url_and_skips_the_local_model_checks(qtbot, open_di
     dialog.server_url_edit.setText("http://127.0.0.1:8080/v1")
     assert dialog.apply_button.isEnabled()
     assert dialog.config().backend == "server"
+
+
+def test_the_target_precision_is_a_choice_that_reaches_the_load_request(qtbot, open_dialog):
+    from app.bridge import LoadRequest
+
+    dialog = open_dialog(AppConfig(drafter="ngram"))
+    dialog.precision_combo.setCurrentIndex(dialog.precision_combo.findData("int8"))
+    config = dialog.config()
+    assert config.target_precision == "int8"
+    assert LoadRequest.from_config(config).target_precision == "int8"
+    assert AppConfig(drafter="ngram").models_changed(config)  # a new precision reloads the target
+
+
+def test_the_kernel_in_use_and_why_is_shown(qtbot, store):
+    from types import SimpleNamespace
+
+    from app.bridge import EngineInfo, kernel_lines
+    from app.qt import QtWidgets
+
+    draft = SimpleNamespace(info={"kernel": "fbgemm-int8", "kernel_summary": "INT8 (fbgemm, dynamic)",
+                                  "kernel_reason": "fastest kernel here"})  # fmt: skip
+    lines = kernel_lines(SimpleNamespace(info={}), draft)
+    assert lines == ("draft: INT8 (fbgemm, dynamic) — fastest kernel here",)
+
+    class Window(QtWidgets.QWidget):
+        bridge = SimpleNamespace(info=EngineInfo("t", "d", "cpu", "int8", kernels=lines), probes=None)
+
+    window = Window()
+    qtbot.addWidget(window)
+    dialog = SettingsDialog(AppConfig(drafter="ngram"), store, window)
+    assert "fastest kernel here" in dialog.kernel_note.text()
+    before_load = SettingsDialog(AppConfig(drafter="ngram"), store)
+    qtbot.addWidget(before_load)
+    assert "once the models have loaded" in before_load.kernel_note.text()
+    dialog.done(0)

@@ -191,3 +191,29 @@ def test_stock_dynamic_int8_is_measured_not_assumed(builtin_model, reference):
     result = qc.check_against(logits, plain.build(copy.deepcopy(builtin_model.model)), probes, "int8")
     assert 0.0 <= result.agreement <= 1.0 and result.max_logit_error > 0
     assert plain not in qk.candidates("int8", "cpu")
+
+
+# ---- tandem-cli quant-report -----------------------------------------------------------------
+
+
+def test_quant_report_refuses_an_unknown_kernel(capsys):
+    from engine.cli.main import main
+
+    assert main(["quant-report", "--kernels", "int7-magic"]) == 2
+    assert "Unknown kernel int7-magic" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quant_report_measures_a_kernel_against_fp32(tmp_path, capsys):
+    from engine.cli.main import main
+
+    path = tmp_path / "report.json"
+    argv = ["quant-report", "--kernels", "int8-weight", "--prompts", "1", "--tokens", "4"]
+    argv += ["--context", "16", "--steps", "1", "--rounds", "1", "--json", str(path)]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "int8-weight" in table and "fp32" in table and "pass" in table
+    rows = {row["kernel"]: row for row in json.loads(path.read_text())["rows"]}
+    assert rows["fp32"]["c"] == 1.0 and rows["int8-weight"]["c"] > 0
+    assert rows["int8-weight"]["memory_bytes"] < rows["fp32"]["memory_bytes"]
+    assert 0.0 <= rows["int8-weight"]["prompt_agreement"] <= 1.0

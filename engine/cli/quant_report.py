@@ -47,13 +47,14 @@ def run_quant_report(args) -> int:
     import torch
 
     from engine.errors import SettingsError
+    from engine.models.loaded import resolve_device
     from engine.models.loading import load_model
 
     if args.context < 1 or args.steps < 1 or args.rounds < 1 or args.prompts < 1 or args.tokens < 1:
         raise SettingsError("--context, --steps, --rounds, --prompts and --tokens must be at least 1.")
+    kernels = chosen_kernels(args.kernels, resolve_device(args.device).type)
     print(f"Loading {args.target}...", file=sys.stderr)
     loaded = load_model(args.target, device=args.device, dtype="float32")
-    kernels = chosen_kernels(args.kernels, loaded.device.type)
     report = measure(loaded, kernels, args)
     report["machine"] = machine_summary(torch)
     print(format_table(report))

@@ -64,6 +64,9 @@ class ChatEngine:
         self._suffix = SuffixDrafter(self._runner.vocab_size, self._runner.device)
         # more drafters for `auto` to choose among (a draft head, ...); any Drafter
         self.extra_drafters: list[Drafter] = []
+        # drafter "head": the head in this folder, or the one shipped for the target when None
+        self.head_source: str | None = None
+        self._head = None
         self.draft: LoadedModel | None = None
         self._model_drafter: ModelDrafter | None = None
         self.set_draft(draft)
@@ -90,6 +93,8 @@ class ChatEngine:
         with self._lock:
             self._runner.reset()
             self._cached_tokens = []
+            if self._head is not None:
+                self._head[1].reset()
             if self._model_drafter is not None:
                 self._model_drafter.reset()
             self._ngram = None
@@ -227,12 +232,22 @@ class ChatEngine:
             return self._ngram_drafter(speculation), note
         if kind == "suffix":
             return self._suffix, note
+        if kind == "head":
+            return self._head_drafter(), note
         if kind == "auto":
             members = [self._ngram_drafter(speculation), self._suffix, *self.extra_drafters]
             if self._model_drafter is not None:
                 members.append(self._model_drafter)
             return AutoDrafter(members), note
         return NoDrafter(self._runner.vocab_size, self._runner.device), note
+
+    def _head_drafter(self) -> Drafter:
+        """The draft head, loaded on first use (IncompatibleDraftError when none fits the target)."""
+        if self._head is None or self._head[0] != self.head_source:
+            from engine.decoding.drafters.head import head_drafter
+
+            self._head = (self.head_source, head_drafter(self.target, self._runner, self.head_source))
+        return self._head[1]
 
     def _ngram_drafter(self, speculation: SpeculationSettings) -> NgramDrafter:
         sizes = (speculation.ngram_min, speculation.ngram_max)
@@ -255,6 +270,8 @@ class ChatEngine:
     def _forget_caches(self) -> None:
         self._runner.reset()
         self._cached_tokens = []
+        if self._head is not None:
+            self._head[1].reset()
         if self._model_drafter is not None:
             self._model_drafter.reset()
 

@@ -9,8 +9,8 @@ from typing import Literal
 from engine.errors import SettingsError
 
 MAX_K = 16
-DrafterKind = Literal["auto", "model", "ngram", "suffix", "none"]
-DRAFTER_KINDS = ("auto", "model", "ngram", "suffix", "none")
+DrafterKind = Literal["auto", "model", "ngram", "suffix", "head", "none"]
+DRAFTER_KINDS = ("auto", "model", "ngram", "suffix", "head", "none")
 
 
 @dataclass

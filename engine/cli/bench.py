@@ -67,7 +67,7 @@ def add_bench_parser(subparsers) -> None:
 
 def draft_kind(draft_arg: str | None) -> str:
     value = (draft_arg or "").lower()
-    return value if value in ("ngram", "none") else "model"
+    return value if value in ("ngram", "none", "head") else "model"
 
 
 def chosen_method_kinds(args) -> list[str]:

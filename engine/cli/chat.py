@@ -76,6 +76,8 @@ def add_chat_parser(subparsers) -> None:
 def speculation_from_args(args) -> SpeculationSettings:
     draft = (args.draft or "").lower()
     drafter = "ngram" if draft == "ngram" else "none" if draft == "none" else "model"
+    if draft == "head" or draft.startswith("head:"):
+        drafter = "head"
     if args.k == "adaptive":
         k = None
     else:
@@ -130,7 +132,7 @@ def draft_spec_for(args, speculation: SpeculationSettings) -> str | None:
     """What load_pair loads: the named draft, a quantized copy (None; auto drafts with it too) or none."""
     if speculation.drafter == "model":
         return args.draft
-    return "none" if speculation.drafter == "suffix" else None
+    return "none" if speculation.drafter in ("suffix", "head") else None
 
 
 def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSettings):
@@ -151,6 +153,8 @@ def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSetti
         progress.close()
     print_kernel_notes(target, draft)
     engine = ChatEngine(target, draft, speculation=speculation, sampling=sampling, compiled=args.compiled)
+    if speculation.drafter == "head" and ":" in args.draft:
+        engine.head_source = args.draft.split(":", 1)[1]
     progress = ProgressBar()
     try:
         engine.prepare(progress)

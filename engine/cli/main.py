@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli.models import add_models_parser
     from engine.cli.quant_report import add_quant_report_parser
     from engine.cli.transfer import add_export_parser, add_import_parser
+    from engine.cli.train_head import add_train_head_parser
     from engine.cli.serve import add_serve_parser
 
     add_chat_parser(subparsers)
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quant_report_parser(subparsers)
     add_export_parser(subparsers)
     add_import_parser(subparsers)
+    add_train_head_parser(subparsers)
     add_serve_parser(subparsers)
     return parser
 

@@ -25,6 +25,10 @@ class ModelRunner:
         self.cache = None
         self.cache_length = 0
         self.notice = ""  # why this runner is not the fastest path, for the user
+        # Opt-in for drafters that read the target's features: indices into transformers'
+        # `hidden_states` to keep from every forward, as last_hidden = (first position, [n, F*C]).
+        self.capture_hidden: tuple[int, ...] = ()
+        self.last_hidden: tuple[int, torch.Tensor] | None = None
         # transformers renamed `past_key_values` to `cache` during 5.x
         self._cache_argument = (
             "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -74,7 +78,11 @@ class ModelRunner:
             use_cache=True,
             logits_to_keep=logits_to_keep,
             **{self._cache_argument: self.cache},
+            **({"output_hidden_states": True} if self.capture_hidden else {}),
         )
+        if self.capture_hidden:
+            features = [output.hidden_states[i][0] for i in self.capture_hidden]  # [n, C] each
+            self.last_hidden = (self.cache_length, torch.cat(features, dim=-1))
         self.cache_length += n
         return output.logits[0].float()  # [n or 1, V]
 

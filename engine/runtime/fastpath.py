@@ -85,6 +85,9 @@ class FastLlama(nn.Module):
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.max_seq_length = max_seq_length
+        # hidden_states indices (transformers' numbering) to keep in `captured` ([T, F*C]); eager only
+        self.capture: tuple[int, ...] = ()
+        self.captured: Tensor | None = None
 
         weight = self.embed_tokens.weight
         dtype, device = weight.dtype, weight.device
@@ -103,12 +106,19 @@ class FastLlama(nn.Module):
         cos = self.rope_cos[input_pos]  # [T, D]
         sin = self.rope_sin[input_pos]
         x = self.embed_tokens(ids)  # [1, T, C]
-        for layer, kv_cache in zip(self.layers, self.kv_caches, strict=True):
+        features = {}
+        for index, (layer, kv_cache) in enumerate(zip(self.layers, self.kv_caches, strict=True)):
+            if index in self.capture:
+                features[index] = x
             x = x + self.attention(
                 layer.self_attn, layer.input_layernorm(x), kv_cache, input_pos, cos, sin, mask
             )
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.lm_head(self.norm(x))  # [1, T, V]
+        x = self.norm(x)
+        if self.capture:
+            features[len(self.layers)] = x
+            self.captured = torch.cat([features[i][0] for i in self.capture], dim=-1)  # [T, F*C]
+        return self.lm_head(x)  # [1, T, V]
 
     def attention(self, attn, x, kv_cache, input_pos, cos, sin, mask) -> Tensor:
         _, T, _ = x.shape
@@ -190,6 +200,7 @@ class FastRunner(ModelRunner):
         if compiled == "auto":
             self._compiled = self._make_compiled()
         self.cache_length = 0
+        self._captured_start, self._captured_pieces = 0, []
 
     # ModelRunner interface
 
@@ -202,19 +213,30 @@ class FastRunner(ModelRunner):
         ids = self._as_ids(ids)
         last = None
         chunk = self._chunk_size
+        self._begin_capture()
         for start in range(0, ids.numel(), chunk):
             last = self._forward_ids(ids[start : start + chunk])[-1]
+        self._end_capture()
         return last
 
     @torch.inference_mode()
     def forward(self, new_ids) -> Tensor:
         """Appends `new_ids` ([n]) to the cache; returns the logits at every new position: [n, V] float32."""
         ids = self._as_ids(new_ids)
+        self._begin_capture()
         rows = [
             self._forward_ids(ids[s : s + self._chunk_size])
             for s in range(0, ids.numel(), self._chunk_size)
         ]
+        self._end_capture()
         return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    def _begin_capture(self) -> None:
+        self._captured_start, self._captured_pieces = self.cache_length, []
+
+    def _end_capture(self) -> None:
+        if self.capture_hidden:
+            self.last_hidden = (self._captured_start, torch.cat(self._captured_pieces))
 
     @property
     def _chunk_size(self) -> int:
@@ -298,10 +320,13 @@ class FastRunner(ModelRunner):
             if logits is None:
                 logits = self._run(self.fast, ids, start, window=start + n)
             logits = logits[:n]
+        if self.capture_hidden:
+            self._captured_pieces.append(self.fast.captured[:n])
         self.cache_length = start + n
         return logits
 
     def _run(self, module, ids: Tensor, start: int, window: int) -> Tensor:
+        self.fast.capture = self.capture_hidden
         input_pos = torch.arange(start, start + ids.numel(), device=self.device)  # [T]
         mask = causal_mask(input_pos, window)  # [T, W]
         return module(ids.view(1, -1), input_pos, mask)[0].float()  # [T, V]
@@ -329,7 +354,7 @@ class FastRunner(ModelRunner):
         Sizes in `compiled_sizes` run as they are; longer runs than any verify size are padded to
         one prefill chunk; anything else (a K nobody warmed up) runs eagerly.
         """
-        if self._compiled is None:
+        if self._compiled is None or self.capture_hidden:  # captured features come from eager forwards
             return None
         if n in self.compiled_sizes:
             size = n

@@ -1,0 +1,189 @@
+"""A draft head that reads the target's hidden states (EAGLE-style), drafting over a reduced vocabulary.
+
+Each round the target's verify forward hands back its features for the positions it kept
+(`observe_target`); the head appends one entry per position to its own small KV cache, then drafts
+K tokens autoregressively, feeding back its own output where the target's features are not known
+yet. See engine.models.head for the layer itself.
+
+Sampling: the head's distribution lives on N draft ids; it is warped (temperature, top-k, top-p)
+there and scattered to the target's vocabulary with zeros elsewhere, so the loop's accept/reject
+test sees the exact distribution each token was drawn from and the output stays the target's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from torch import Tensor
+
+from engine.decoding.drafters.base import Cancelled, Draft, Drafter, common_prefix_length, empty_draft
+from engine.decoding.sampling import probs_from_logits, sample
+from engine.models.head import DraftHead
+from engine.settings import SamplingSettings
+
+# Features read in one go without drafting (plain rounds) are folded in before they pile up.
+MAX_PENDING_ROWS = 256
+
+
+class HeadDrafter(Drafter):
+    has_model = True
+
+    def __init__(
+        self, head: DraftHead, embed_tokens, target_vocab_size: int, context_length: int, name="head"
+    ):
+        self.head = head
+        self.embed_tokens = embed_tokens  # the target's own embedding module
+        self.target_vocab_size = target_vocab_size
+        self.name = name
+        self.wants_hidden = tuple(head.config.target_layers)  # what the target's runner must capture
+        self.draft_ids = head.draft_ids  # [N] target id of each draft token
+        weight = head.fc.weight
+        config = head.config
+        shape = (1, config.num_key_value_heads, context_length, config.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+        self.v_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+        self.valid = torch.zeros(
+            context_length, dtype=torch.bool, device=weight.device
+        )  # [S] slots holding an entry
+        self.slots = torch.arange(context_length, device=weight.device)
+        self.context_length = context_length
+        self.tokens: list[int] = []  # the sequence the cached entries were computed on
+        self._pending: list[tuple[int, Tensor, list[int]]] = []  # (start, features [n, F*C], sequence)
+        self._last: tuple[int, Tensor] | None = None  # (position, out [C]) of the newest true entry
+        self._drafted = 0
+        self.begin(SamplingSettings(), None)
+
+    @property
+    def device(self):
+        return self.k_cache.device
+
+    def begin(self, sampling, generator, cancel: threading.Event | None = None, p_min: float = 0.0) -> None:
+        self.sampling, self.generator, self.cancel, self.p_min = sampling, generator, cancel, p_min
+
+    def reset(self) -> None:
+        self.valid.zero_()
+        self.tokens, self._pending, self._last = [], [], None
+
+    def observe_target(self, hidden: tuple[int, Tensor] | None, sequence: list[int]) -> None:
+        """`hidden` = (start, [n, F*C]): the target's features at positions start.. of `sequence`,
+        whose last token is the one chosen after the last position the head may use."""
+        if hidden is None:
+            return
+        start, features = hidden
+        rows = min(features.size(0), len(sequence) - 1 - start)
+        if rows <= 0:
+            return
+        self._pending.append((start, features[:rows], list(sequence[: start + rows + 1])))
+        if sum(f.size(0) for _, f, _ in self._pending) > MAX_PENDING_ROWS:
+            self._fold_pending()
+
+    def prefill(self, context: list[int]) -> None:
+        self._fold_pending()
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int) -> Draft:
+        started = time.perf_counter()
+        read = self._fold_pending()
+        if read > self._drafted + 1:  # features from plain rounds: a one-off cost, not drafting's
+            self.catch_up_s += time.perf_counter() - started
+        position = len(context) - 2  # the entry that scores the first draft token
+        k = min(k, self.context_length - 1 - position)
+        if self._last is None or self._last[0] != position or self.tokens != list(context) or k <= 0:
+            self._drafted = 0
+            return empty_draft(self.target_vocab_size, self.device)
+        out = self._last[1]  # [C]
+        logits = self.head.logits(out)  # [N]
+        tokens, probs = [], []
+        for i in range(k):
+            if self.p_min > 0 and self._confidence(logits) < self.p_min:
+                break
+            if self.sampling.greedy:
+                token = self.draft_ids[logits.argmax()]  # []
+            else:
+                draft_probs = probs_from_logits(logits.float(), self.sampling)  # [N]
+                full = torch.zeros(self.target_vocab_size, device=self.device)  # [V], zero outside the N ids
+                full[self.draft_ids] = draft_probs
+                if self.noise is not None:  # seeded: the race the target samples this index with
+                    from engine.decoding.sampling import coupled_sample
+
+                    token = coupled_sample(full, self.noise.race(len(context) + i, 1, full.numel())[0])
+                else:
+                    token = self.draft_ids[sample(draft_probs, self.generator)]
+                probs.append(full)
+            tokens.append(token)
+            if i + 1 < k:
+                self._check_cancel()
+                out = self._step(out.view(1, -1), token.view(1), position + 1 + i)[-1]
+                logits = self.head.logits(out)
+        self._drafted = len(tokens)
+        if not tokens:
+            return empty_draft(self.target_vocab_size, self.device)
+        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+
+    def update(self, accepted: list[int]) -> None:
+        """Nothing to do: the next round's features overwrite the drafted entries."""
+
+    # --- internals --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _fold_pending(self) -> int:
+        """Appends the observed features to the head's cache; returns how many rows it read."""
+        read = 0
+        for start, features, sequence in self._pending:
+            # entries before `start` stay only where they were computed on this same history
+            keep = min(start, max(common_prefix_length(self.tokens, sequence) - 1, 0))
+            self.valid[keep:] = False
+            if start + features.size(0) > self.context_length:
+                continue
+            tokens = torch.tensor(sequence[start + 1 :], dtype=torch.long, device=self.device)
+            hidden = self.head.fc(features.to(self.head.fc.weight.dtype)).unsqueeze(0)  # [1, n, C]
+            out = self._step(hidden[0], tokens, start)  # [n, C]
+            self._last = (start + features.size(0) - 1, out[-1])
+            self.tokens = sequence
+            read += features.size(0)
+        self._pending = []
+        return read
+
+    def _step(self, hidden: Tensor, tokens: Tensor, start: int) -> Tensor:
+        """One head forward over entries at positions start.. ([n, C] features, [n] tokens) -> out [n, C]."""
+        n = tokens.numel()
+        positions = self.slots[start : start + n]  # [n]
+        cos, sin = self.head.rope(positions)  # [n, D]
+        embeds = self.embed_tokens(tokens).to(hidden.dtype)  # [n, C]
+        q, k, v, residual = self.head.project(hidden[None], embeds[None], cos[None], sin[None])
+        self.k_cache.index_copy_(2, positions, k)
+        self.v_cache.index_copy_(2, positions, v)
+        self.valid[positions] = True
+        window = start + n
+        mask = self.valid[:window].unsqueeze(0) & (self.slots[:window].unsqueeze(0) <= positions.unsqueeze(1))
+        attended = self.head.attend(q, self.k_cache[:, :, :window], self.v_cache[:, :, :window], mask[None])
+        return self.head.finish(attended, residual)[0]
+
+    def _confidence(self, logits: Tensor) -> float:
+        probs = (
+            logits.float().softmax(-1)
+            if self.sampling.greedy
+            else probs_from_logits(logits.float(), self.sampling)
+        )
+        return float(probs.max())
+
+    def _check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled
+
+
+def head_drafter(target, runner, source=None, draft_vocab: int | None = None) -> HeadDrafter:
+    """A HeadDrafter for `target` (a LoadedModel) on its runner: the head in folder `source`, or the
+    one Tandem ships for this target. `draft_vocab` keeps only the N most frequent draft tokens."""
+    from engine.models.head import find_head, load_head
+
+    folder = find_head(target, source)
+    head = load_head(folder, target.model, device=runner.device)
+    if draft_vocab:
+        head = head.truncated(draft_vocab)
+    name = "head" if source is None else f"head:{folder.name}"
+    return HeadDrafter(
+        head, target.model.get_input_embeddings(), runner.vocab_size, runner.context_length, name
+    )

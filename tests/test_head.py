@@ -1,0 +1,360 @@
+"""The draft head: captured target features, the head's layer in training and drafting, file formats,
+the shipped head, and losslessness (greedy equality, distribution at T = 0.7)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from engine.decoding.drafters.head import HeadDrafter
+from engine.decoding.speculative import generate
+from engine.errors import IncompatibleDraftError
+from engine.models.head import (
+    DraftHead,
+    HeadConfig,
+    find_head,
+    load_head,
+    save_head,
+    shipped_head_folder,
+    target_fingerprint,
+)
+from engine.models.head_training import chained_log_probs
+from engine.runtime.eager import ModelRunner
+from engine.runtime.fastpath import FastRunner
+from engine.settings import SamplingSettings, SpeculationSettings
+
+
+def random_head(model, draft_vocab: int, seed: int = 0, layers=None, scale: float = 0.3) -> DraftHead:
+    """A random head over the first `draft_vocab` target ids, with the target's LM-head rows."""
+    torch.manual_seed(seed)
+    head = DraftHead(HeadConfig.for_target(model.config, draft_vocab, layers))
+    with torch.no_grad():
+        for parameter in head.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(std=scale / parameter.size(1) ** 0.5)
+        ids = torch.randperm(model.config.vocab_size)[:draft_vocab]
+        head.set_vocabulary(ids)
+        head.lm_head.weight.copy_(model.get_output_embeddings().weight[ids])
+    return head.eval()
+
+
+def drafter_for(head, loaded, runner) -> HeadDrafter:
+    return HeadDrafter(head, loaded.model.get_input_embeddings(), runner.vocab_size, runner.context_length)
+
+
+@pytest.fixture(scope="module")
+def tiny(make_tiny):
+    return make_tiny(seed=0, layers=2)
+
+
+# --- the target hands back its features -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runner_class", [ModelRunner, FastRunner])
+def test_runners_hand_back_the_hidden_states_of_their_forward(runner_class, tiny):
+    kwargs = {"compiled": "off"} if runner_class is FastRunner else {}
+    runner = runner_class(tiny.model, **kwargs)
+    runner.reset()
+    ids = torch.tensor([5, 17, 99, 3, 250, 8, 41, 7])
+    runner.prefill(ids[:5])
+    assert runner.last_hidden is None  # off by default
+    runner.capture_hidden = (1, 2)  # the input of layer 1 and the final, normed output
+    runner.rollback(2)
+    runner.prefill(ids[2:5])
+    prefill_start, prefill_features = runner.last_hidden
+    runner.forward(ids[5:])
+    start, features = runner.last_hidden
+    with torch.no_grad():
+        full = tiny.model(input_ids=ids.view(1, -1), output_hidden_states=True).hidden_states
+    expected = torch.cat([full[1][0], full[2][0]], dim=-1)  # [8, 2C]
+    assert (prefill_start, start) == (2, 5)
+    torch.testing.assert_close(prefill_features, expected[2:5], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(features, expected[5:], atol=1e-4, rtol=1e-4)
+
+
+# --- training computes what drafting computes ------------------------------------------------------
+
+
+def test_chained_training_steps_equal_what_the_drafter_computes(tiny):
+    """Step j of the training forward at a position is the drafter's j-th draft from there."""
+    head = random_head(tiny.model, 64, seed=1, scale=1.0)
+    runner = ModelRunner(tiny.model)
+    drafter = drafter_for(head, tiny, runner)
+    drafter.begin(SamplingSettings(temperature=1.0), torch.Generator().manual_seed(0))
+    context = [11, 230, 5, 77, 1024, 9, 31]
+    with torch.no_grad():
+        features = tiny.model(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states[-1][
+            0
+        ]
+    drafter.observe_target((0, features[: len(context) - 1]), context)
+    draft = drafter.propose(context, 3)
+    drafted = draft.tokens.tolist()
+    sequence = context + drafted[:2]
+    with torch.no_grad():
+        all_features = tiny.model(
+            input_ids=torch.tensor([sequence]), output_hidden_states=True
+        ).hidden_states[-1]
+        log_probs = chained_log_probs(
+            head, tiny.model.get_input_embeddings(), torch.tensor([sequence]), all_features, 3
+        )
+    last_true = len(context) - 2  # the entry that scores the first draft token
+    for step in range(3):
+        training = log_probs[step][0, last_true + step].exp()  # [N]
+        drafting = draft.probs[step][head.draft_ids]  # [N]
+        torch.testing.assert_close(training, drafting, atol=1e-5, rtol=1e-4)
+        assert float(draft.probs[step].sum()) == pytest.approx(1.0, abs=1e-5)
+        assert float(draft.probs[step][head.draft_ids].sum()) == pytest.approx(1.0, abs=1e-5)  # zero outside
+
+
+# --- files ----------------------------------------------------------------------------------------------
+
+
+def test_a_saved_head_loads_for_its_target_and_is_refused_by_another(tmp_path, make_tiny, tiny):
+    head = random_head(tiny.model, 32)
+    head.config.base_model = {"name": tiny.name, "fingerprint": target_fingerprint(tiny.model)}
+    save_head(head, tmp_path / "head")
+    files = sorted(p.name for p in (tmp_path / "head").iterdir())
+    assert files == ["config.json", "model.safetensors"]
+    loaded = load_head(tmp_path / "head", tiny.model)
+    torch.testing.assert_close(loaded.fc.weight, head.fc.weight, atol=1e-3, rtol=1e-3)  # float16 on disk
+    assert torch.equal(loaded.draft_ids, head.draft_ids)
+    assert torch.equal(
+        loaded.lm_head.weight, tiny.model.lm_head.weight[head.draft_ids]
+    )  # taken from the target
+    other = make_tiny(seed=7, layers=2)
+    with pytest.raises(IncompatibleDraftError, match="trained for tiny-0-2"):
+        load_head(tmp_path / "head", other.model)
+
+
+def write_eagle3_head(folder, target_model, draft_vocab: int, seed: int = 0) -> dict:
+    """A tiny head in the layout published EAGLE-3 heads use (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+
+    C, V, n = (
+        target_model.config.hidden_size,
+        target_model.config.vocab_size,
+        target_model.config.num_hidden_layers,
+    )
+    generator = torch.Generator().manual_seed(seed)
+
+    def weight(*shape):
+        return torch.randn(*shape, generator=generator) * 0.3 / shape[-1] ** 0.5
+
+    draft_ids = torch.randperm(V, generator=generator)[:draft_vocab].sort().values
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[draft_ids] = True
+    H, KV, D, M = 4, 2, C // 4, 2 * C
+    state = {
+        "fc.weight": weight(C, 3 * C),
+        "midlayer.hidden_norm.weight": torch.ones(C),
+        "midlayer.input_layernorm.weight": torch.ones(C),
+        "midlayer.post_attention_layernorm.weight": torch.ones(C),
+        "midlayer.self_attn.q_proj.weight": weight(H * D, 2 * C),
+        "midlayer.self_attn.k_proj.weight": weight(KV * D, 2 * C),
+        "midlayer.self_attn.v_proj.weight": weight(KV * D, 2 * C),
+        "midlayer.self_attn.o_proj.weight": weight(C, H * D),
+        "midlayer.mlp.gate_proj.weight": weight(M, C),
+        "midlayer.mlp.up_proj.weight": weight(M, C),
+        "midlayer.mlp.down_proj.weight": weight(C, M),
+        "norm.weight": torch.ones(C),
+        "lm_head.weight": weight(draft_vocab, C) * 20,
+        "d2t": draft_ids - torch.arange(draft_vocab),
+        "t2d": t2d,
+    }
+    folder.mkdir()
+    save_file(state, str(folder / "model.safetensors"))
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "hidden_size": C,
+        "intermediate_size": M,
+        "num_attention_heads": H,
+        "num_key_value_heads": KV,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "vocab_size": V,
+        "draft_vocab_size": draft_vocab,
+        "hidden_act": "silu",
+        "max_position_embeddings": 1024,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    assert n >= 6
+    return state
+
+
+def test_a_published_eagle3_head_loads_and_drafts_losslessly(tmp_path, make_tiny, builtin_tokenizer):
+    target = make_tiny(seed=3, layers=8)
+    state = write_eagle3_head(tmp_path / "eagle3", target.model, draft_vocab=512)
+    head = load_head(tmp_path / "eagle3", target.model)
+    assert head.config.target_layers == [2, 4, 5]  # low, middle and high features: layers 2, N/2, N-3
+    assert head.config.own_lm_head
+    torch.testing.assert_close(head.lm_head.weight, state["lm_head.weight"])
+    torch.testing.assert_close(
+        head.midlayer.self_attn.q_proj.weight, state["midlayer.self_attn.q_proj.weight"]
+    )
+    assert torch.equal(head.draft_ids, torch.arange(512) + state["d2t"])
+    assert torch.equal(head.t2d, state["t2d"])
+
+    prompt = builtin_tokenizer("The tiny model says", add_special_tokens=False).input_ids
+    sampling = SamplingSettings(max_new_tokens=24)
+    plain = generate(
+        ModelRunner(target.model), _none(target), prompt, sampling, SpeculationSettings(drafter="none"), set(),
+        builtin_tokenizer,
+    )  # fmt: skip
+    runner = FastRunner(target.model, compiled="off")
+    drafter = drafter_for(head, target, runner)
+    ours = generate(runner, drafter, prompt, sampling, SpeculationSettings(k=4), set(), builtin_tokenizer)
+    assert ours.token_ids == plain.token_ids
+    assert ours.stats.drafted > 0
+
+
+def _none(loaded):
+    from engine.decoding.drafters import NoDrafter
+
+    return NoDrafter(loaded.model.config.vocab_size, torch.device("cpu"))
+
+
+def test_a_folder_that_is_not_a_head_gets_a_clear_message(tmp_path, tiny):
+    from engine.errors import ModelFormatError
+
+    with pytest.raises(ModelFormatError, match="not a draft head"):
+        find_head(tiny, tmp_path)
+    with pytest.raises(IncompatibleDraftError, match="No draft head ships for tiny-0-2.*train-head"):
+        find_head(tiny)
+
+
+# --- the shipped head -----------------------------------------------------------------------------------
+
+
+def test_the_shipped_head_is_for_the_builtin_model_and_refused_by_any_other(builtin_model, make_tiny):
+    folder = shipped_head_folder(builtin_model.name)
+    assert folder is not None, "resources/heads/ has no head for the built-in model"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["base_model"]["fingerprint"] == target_fingerprint(builtin_model.model)
+    assert (folder / "model.safetensors").stat().st_size < 16 * 1024**2
+    assert {"recipe", "prompts", "tokens_generated", "tokens_trained", "wall_s"} <= set(config["training"])
+    head = load_head(folder, builtin_model.model)
+    assert head.config.draft_vocab_size == config["draft_vocab_size"]
+    eos = next(iter(builtin_model.eos_token_ids))
+    assert bool(head.t2d[eos]), "the end-of-reply token must be in the draft vocabulary"
+    other = make_tiny(seed=0, layers=2)
+    with pytest.raises(IncompatibleDraftError, match="trained for smollm2-135m-instruct"):
+        load_head(folder, other.model)
+
+
+@pytest.fixture(scope="module")
+def builtin_engine(builtin_model):
+    from engine.session import ChatEngine
+
+    return ChatEngine(builtin_model, compiled="off")
+
+
+@pytest.mark.parametrize(
+    "question", ["Explain how a rainbow forms.", "Write a Python function that adds two numbers."]
+)
+def test_greedy_output_with_the_shipped_head_is_the_targets(builtin_engine, question):
+    engine = builtin_engine
+    messages = [{"role": "user", "content": question}]
+    engine.sampling = SamplingSettings(max_new_tokens=48)
+    engine.speculation = SpeculationSettings(drafter="none")
+    engine.reset()
+    alone = engine.respond(messages)
+    engine.speculation = SpeculationSettings(drafter="head", k=4)
+    engine.reset()
+    with_head = engine.respond(messages)
+    assert with_head.token_ids == alone.token_ids
+    assert with_head.stats.drafter == "head"
+    assert with_head.stats.accepted > 0, "the trained head never drafted a token the target kept"
+
+
+# --- the distribution at T = 0.7 -------------------------------------------------------------------------
+
+V_SMALL = 16
+
+
+class MisreportingHeadDrafter(HeadDrafter):
+    """Negative control: samples from the head but claims a uniform distribution over every token."""
+
+    def propose(self, context, k):
+        draft = super().propose(context, k)
+        if draft.probs is not None:
+            draft.probs = torch.full_like(draft.probs, 1.0 / draft.probs.size(-1))
+        return draft
+
+
+def emitted_pairs(drafter_class, runs: int, builtin_tokenizer):
+    from tests.conftest import build_tiny_llama
+
+    model = build_tiny_llama(builtin_tokenizer, seed=4, layers=2, vocab_size=V_SMALL)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.25)  # softer than the default scale: many tokens have mass
+    head = random_head(model, 8, seed=5, scale=2.0)
+    runner = ModelRunner(model)
+    drafter = drafter_class(head, model.get_input_embeddings(), V_SMALL, runner.context_length)
+    prompt = [3, 9, 1]
+    sampling = SamplingSettings(temperature=0.7, max_new_tokens=3)
+    speculation = SpeculationSettings(k=2)
+    tokens = []
+    for _ in range(runs):
+        runner.reset()
+        drafter.reset()
+        finished = generate(runner, drafter, prompt, sampling, speculation, set(), builtin_tokenizer)
+        tokens.append(finished.token_ids)
+    return model, prompt, torch.tensor(tokens)  # [runs, 3]
+
+
+def exact_second_and_third(model, prompt):
+    """The target's own marginals of the 2nd and 3rd sampled tokens at T = 0.7: [V], [V]."""
+    with torch.no_grad():
+
+        def probs(ids):
+            return (model(input_ids=torch.tensor([ids])).logits[0, -1] / 0.7).softmax(-1).double()
+
+        p1 = probs(prompt)
+        second = torch.zeros(V_SMALL, dtype=torch.float64)
+        third = torch.zeros(V_SMALL, dtype=torch.float64)
+        for x1 in range(V_SMALL):
+            p2 = probs(prompt + [x1])
+            second += p1[x1] * p2
+            for x2 in range(V_SMALL):
+                third += p1[x1] * p2[x2] * probs(prompt + [x1, x2])
+    return second, third
+
+
+def total_variation_and_p(samples, probs):
+    counts = torch.bincount(samples, minlength=V_SMALL).double()
+    expected = probs * counts.sum()
+    keep = expected > 0
+    p_value = chisquare(counts[keep].numpy(), expected[keep].numpy()).pvalue
+    return 0.5 * (counts / counts.sum() - probs).abs().sum().item(), p_value
+
+
+def test_sampling_with_the_head_keeps_the_targets_distribution(builtin_tokenizer):
+    """Drafted tokens (2nd and 3rd; the 1st comes from prompt processing) follow the target's
+    distribution; a drafter that misreports its distribution is caught by the same test."""
+    torch.manual_seed(0)
+    model, prompt, tokens = emitted_pairs(HeadDrafter, 3000, builtin_tokenizer)
+    second, third = exact_second_and_third(model, prompt)
+    tv2, p2 = total_variation_and_p(tokens[:, 1], second)
+    tv3, p3 = total_variation_and_p(tokens[:, 2], third)
+    assert p2 > 1e-3 and p3 > 1e-3, (tv2, p2, tv3, p3)
+    assert tv2 < 0.05 and tv3 < 0.05
+
+    torch.manual_seed(0)
+    _, _, broken = emitted_pairs(MisreportingHeadDrafter, 3000, builtin_tokenizer)
+    tv_broken, p_broken = total_variation_and_p(broken[:, 1], second)
+    assert p_broken < 1e-3, "the distribution test missed a drafter that misreports its probabilities"
+    assert tv_broken > tv2
+
+
+def test_the_catalogue_lists_the_shipped_head_and_a_published_eagle3_pair():
+    from engine.models.catalog import catalogue_path
+
+    heads = json.loads(catalogue_path().read_text())["heads"]
+    shipped = next(h for h in heads if h["target"] == "builtin:smollm2-135m-instruct")
+    assert shipped["head"].endswith("heads/smollm2-135m-instruct")
+    published = [h for h in heads if h["format"] == "eagle3"]
+    assert published and all(h["device"] == "cuda" and "/" in h["head"] for h in published)

@@ -33,7 +33,7 @@ import sqlite_utils
 
 from engine.errors import CorruptDatabaseError, DatabaseLockedError
 from engine.paths import default_db_path
-from engine.store import locks
+from engine.store import branches, locks
 from engine.store.records import (  # noqa: F401  (re-exported: the store's public names)
     ACTIVE_LEAF,
     FINAL_STATUSES,
@@ -381,58 +381,19 @@ class Store:
                 (None if stats is None else dumps(stats), message_id),
             )
 
-    # --- branches ----------------------------------------------------------------------------------
+    # --- branches (branches.py) --------------------------------------------------------------------
 
     def thread(self, conversation_id: int) -> list[Message]:
         """The visible thread: root first, ending at the most recently selected leaf."""
-        leaf = self.active_leaf(conversation_id)
-        if leaf is None:
-            return []
-        rows = self._rows(
-            """
-            WITH RECURSIVE path(id, depth) AS (
-                SELECT ?, 0
-                UNION ALL
-                SELECT m.parent_id, path.depth + 1 FROM messages m JOIN path ON m.id = path.id
-                WHERE m.parent_id IS NOT NULL
-            )
-            SELECT messages.* FROM messages JOIN path USING (id) ORDER BY path.depth DESC
-            """,
-            (leaf,),
-        )
-        return [message_from_row(row) for row in rows]
+        return branches.thread(self, conversation_id)
 
     def siblings(self, message_id: int) -> list[Message]:
         """The alternatives to a message (itself included), oldest first: its edits or regenerations."""
-        message = self.get_message(message_id)
-        rows = self._rows(
-            "SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS ? ORDER BY id",
-            (message.conversation_id, message.parent_id),
-        )
-        return [message_from_row(row) for row in rows]
+        return branches.siblings(self, message_id)
 
     def switch_branch(self, message_id: int) -> list[Message]:
-        """Make `message_id` visible, continuing to the leaf below it that was selected last.
-
-        Returns the new visible thread.
-        """
-        message = self.get_message(message_id)
-        rows = self._rows(
-            """
-            WITH RECURSIVE below(id) AS (
-                SELECT ? UNION ALL SELECT m.id FROM messages m JOIN below ON m.parent_id = below.id
-            )
-            SELECT messages.id FROM messages JOIN below USING (id) ORDER BY selected DESC, id DESC LIMIT 1
-            """,
-            (message_id,),
-        )
-        leaf = rows[0]["id"]
-        with self.transaction() as db:
-            db.execute(
-                "UPDATE messages SET selected = ? WHERE id = ?",
-                (self._next_selected(message.conversation_id), leaf),
-            )
-        return self.thread(message.conversation_id)
+        """Make `message_id` visible, continuing to the leaf below it selected last; the new thread."""
+        return branches.switch_branch(self, message_id)
 
     # --- search ------------------------------------------------------------------------------------
 

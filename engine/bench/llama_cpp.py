@@ -15,9 +15,12 @@ Tandem runs the same weights dequantized to fp32. The binaries come from packagi
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 import weakref
 from pathlib import Path
@@ -67,7 +70,9 @@ class LlamaServerProcess:
         self.url = f"http://127.0.0.1:{port}"
         command = [str(llama_server_path()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
                    "-t", str(threads), "-c", str(context), "-np", "1", "--no-webui", "--poll", "0", *extra]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent
+        )
         self._finalizer = weakref.finalize(self, _stop, self.process)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -85,6 +90,15 @@ class LlamaServerProcess:
 
     def stop(self) -> None:
         self._finalizer()
+
+
+def _die_with_parent() -> None:
+    """In the child: on Linux, ask for SIGTERM when the benchmark process dies, however it dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _stop(process: subprocess.Popen) -> None:

@@ -75,3 +75,11 @@ def test_stale_damaged_or_empty_entries_are_measured_again(tmp_path):
     assert calibration.load("k", path) is None
     calibration.save("k", {1: 0.0}, path)  # a zero step time is not a measurement
     assert calibration.load("k", path) is None
+
+
+def test_a_slow_measurement_on_a_busy_machine_is_bounded_before_it_is_kept(tmp_path):
+    path = tmp_path / "calibration.json"
+    measured = {1: 3.5, 2: 0.2, 4: 0.48, 8: 0.3}  # as measured at load average 14 on two cores
+    calibration.save("k", measured, path)
+    assert measured == {1: 0.2, 2: 0.2, 4: 0.3, 8: 0.3}  # the engine uses what is kept
+    assert calibration.load("k", path) == measured

@@ -8,7 +8,9 @@ device) and on the model's shape and precision, not on its weights, so that is t
     model:   sha256 of the architecture config, the activation dtype, the quantization, the runner
 
 One JSON file in the cache dir maps sha256(key) -> {"seconds": {n: s}, "measured_at": epoch}.
-Entries older than MAX_AGE_S are measured again. Writes are atomic (temp file, then rename); a file
+Entries older than MAX_AGE_S are measured again. A curve is stored physically sane (a forward over
+fewer tokens never costs more than one over more), so one slow measurement on a busy machine does not
+stay for a week. Writes are atomic (temp file, then rename); a file
 that cannot be read is treated as empty, so a damaged cache only costs one new measurement.
 """
 
@@ -109,8 +111,20 @@ def load(key: str, path: Path | None = None, now: float | None = None) -> dict[i
     return seconds if seconds.get(1, 0) > 0 else None
 
 
+def make_sane(seconds: dict[int, float]) -> dict[int, float]:
+    """In place: no forward costs more than one over more tokens. A busy machine can make one
+    measurement slow (a single token "slower" than eight); the cheapest larger forward bounds it."""
+    cheapest = float("inf")
+    for n in sorted(seconds, reverse=True):
+        cheapest = min(cheapest, seconds[n])
+        seconds[n] = cheapest
+    return seconds
+
+
 def save(key: str, seconds: dict[int, float], path: Path | None = None) -> None:
-    """Store one curve; other keys in the file are kept. Never raises for a read-only cache."""
+    """Store one curve, first made sane in place (so the engine runs on the figures it stores);
+    other keys in the file are kept. Never raises for a read-only cache."""
+    make_sane(seconds)
     path = path or cache_path()
     data = _read(path)
     data[key] = {"seconds": {str(n): s for n, s in sorted(seconds.items())}, "measured_at": time.time()}

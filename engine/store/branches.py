@@ -1,19 +1,16 @@
 """Branch queries: the visible thread, a message's alternatives, and switching between them.
 
 Store.thread, Store.siblings and Store.switch_branch call these (see database.py on branches).
+
+`store` is a Store (not imported here: database.py imports this module).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from engine.store.records import Message, message_from_row
 
-if TYPE_CHECKING:
-    from engine.store.database import Store
 
-
-def thread(store: Store, conversation_id: int) -> list[Message]:
+def thread(store, conversation_id: int) -> list[Message]:
     """The visible thread: root first, ending at the most recently selected leaf."""
     leaf = store.active_leaf(conversation_id)
     if leaf is None:
@@ -33,7 +30,7 @@ def thread(store: Store, conversation_id: int) -> list[Message]:
     return [message_from_row(row) for row in rows]
 
 
-def siblings(store: Store, message_id: int) -> list[Message]:
+def siblings(store, message_id: int) -> list[Message]:
     """The alternatives to a message (itself included), oldest first: its edits or regenerations."""
     message = store.get_message(message_id)
     rows = store._rows(
@@ -43,7 +40,7 @@ def siblings(store: Store, message_id: int) -> list[Message]:
     return [message_from_row(row) for row in rows]
 
 
-def switch_branch(store: Store, message_id: int) -> list[Message]:
+def switch_branch(store, message_id: int) -> list[Message]:
     """Make `message_id` visible, continuing to the leaf below it that was selected last.
 
     Returns the new visible thread.

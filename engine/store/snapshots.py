@@ -1,20 +1,17 @@
 """Snapshots: one conversation with every branch as plain JSON-ready data.
 
 The unit of export, import and duplicate. Store.snapshot and Store.insert_snapshot call these.
+
+`store` is a Store (not imported here: database.py imports this module).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from engine.errors import ImportFormatError
 from engine.store.records import ROLES, STATUSES, check_text, dumps, message_from_row
 
-if TYPE_CHECKING:
-    from engine.store.database import Store
 
-
-def take_snapshot(store: Store, conversation_id: int) -> dict:
+def take_snapshot(store, conversation_id: int) -> dict:
     conversation = store.get_conversation(conversation_id)
     rows = store._rows("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,))
     return {
@@ -72,7 +69,7 @@ def _validated(snapshot: dict) -> tuple[dict, list[dict]]:
     return conversation, messages
 
 
-def insert_snapshot(store: Store, snapshot: dict, keep_ids: bool = True) -> int:
+def insert_snapshot(store, snapshot: dict, keep_ids: bool = True) -> int:
     """Insert a snapshot as a new conversation; returns its id.
 
     With keep_ids, the snapshot's ids are reused when none of them is taken (an import into an

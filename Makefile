@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tandem-installed
 
-.PHONY: venv run chat test test-servers lint package package-test screenshots clean
+.PHONY: venv run chat test test-servers lint soak package package-test screenshots clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,10 @@ test: venv
 test-servers: venv
 	nice -n 10 env VENV=$(VENV) JOBS=2 packaging/build_llama_cpp.sh
 	TANDEM_REQUIRE_LLAMA_SERVER=1 QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q tests/test_llama_server.py
+
+# 50 kill -9 runs each of the terminal chat and the app's writer path: messages lost, integrity, loss.
+soak: venv
+	nice -n 10 $(BIN)/python tests/soak.py 50
 
 clean:
 	rm -rf $(VENV) build dist

@@ -1,0 +1,133 @@
+"""Kill `tandem-cli chat --db` with SIGKILL while it streams a reply, then check what the store kept.
+
+run_once() starts the installed command (on a tiny random model by default: the same path, quicker), reads its stdout as it arrives (the
+reply, printed piece by piece), kills it a while into the reply, and compares the database with what
+was printed. test_cli_crash.py runs it once per `make test`; soak.py runs it many times.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = ROOT / ".venv" / "bin" / "tandem-cli"
+DEFAULT_TARGET = "builtin:smollm2-135m-instruct"
+INTERVAL = 0.5  # ConversationRecorder.UPDATE_INTERVAL_S
+MIN_PRINTED = 200  # bytes of reply printed before the random wait before the kill begins
+PROMPTS = [
+    "Write a long story about a lighthouse keeper and a storm.",
+    "Explain in detail how a bicycle works, part by part.",
+    "Describe a walk through a busy market, with every smell and sound.",
+    "Tell me a long tale about a dragon who learns to bake bread.",
+]
+
+
+@dataclass
+class CrashResult:
+    seed: int
+    printed_chars: int = 0
+    stored_chars: int = 0
+    lost_chars: int = 0
+    lost_s: float = 0.0  # how long before the kill the first lost character was printed
+    messages_lost: int = 0
+    integrity: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+def _reader(stream, arrivals: list[tuple[float, bytes]]) -> None:
+    fd = stream.fileno()
+    while True:
+        data = os.read(fd, 4096)
+        if not data:
+            return
+        arrivals.append((time.monotonic(), data))
+
+
+def tiny_target(folder: Path) -> Path:
+    """A tiny random model with the built-in tokenizer: it loads in a second and never stops talking."""
+    from conftest import build_tiny_llama
+    from transformers import AutoTokenizer
+
+    from engine.models.builtin import DEFAULT_TARGET, ensure_builtin
+
+    target = folder / "tiny-target"
+    if not (target / "config.json").exists():
+        tokenizer = AutoTokenizer.from_pretrained(str(ensure_builtin(DEFAULT_TARGET)))
+        model = build_tiny_llama(tokenizer, seed=11, layers=4, hidden=128)
+        model.config.max_position_embeddings = 8192  # room for a long reply
+        model.save_pretrained(str(target))
+        tokenizer.save_pretrained(str(target))
+    return target
+
+
+def run_once(
+    folder: Path, seed: int, target: str | Path, kill_after_s: tuple[float, float] = (1.0, 3.0)
+) -> CrashResult:
+    """One run: start, wait for MIN_PRINTED bytes of reply and a random time in `kill_after_s`, kill -9, check."""
+    rng = random.Random(seed)
+    db = folder / f"cli-{seed}.db"
+    prompt = PROMPTS[seed % len(PROMPTS)]
+    command = [str(CLI), "chat", "--target", str(target), "--draft", "none", "--db", str(db)]
+    command += ["--max-new-tokens", "6000", "--message", prompt]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    errors = (folder / f"cli-{seed}.stderr").open("wb")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, env=env, cwd=folder)
+    arrivals: list[tuple[float, bytes]] = []
+    reader = threading.Thread(target=_reader, args=(process.stdout, arrivals), daemon=True)
+    reader.start()
+    result = CrashResult(seed)
+    wait = rng.uniform(*kill_after_s)
+    try:
+        deadline = time.monotonic() + 600
+        while sum(len(data) for _, data in arrivals) < MIN_PRINTED:
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = (folder / f"cli-{seed}.stderr").read_bytes()[-400:].decode("utf-8", "replace")
+                printed = sum(len(data) for _, data in arrivals)
+                result.problems.append(f"{printed} bytes printed, then exit {process.returncode}: {tail}")
+                return result
+            time.sleep(0.01)
+        time.sleep(wait)
+    finally:
+        killed_at = time.monotonic()
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        reader.join(timeout=30)
+        errors.close()
+    if process.returncode != -signal.SIGKILL:
+        result.problems.append(f"the reply ended before the kill (exit {process.returncode})")
+
+    printed = b"".join(data for _, data in arrivals).decode("utf-8", "replace")
+    result.printed_chars = len(printed)
+    conn = sqlite3.connect(db)
+    try:
+        result.integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        rows = conn.execute("SELECT role, content, status FROM messages ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    if len(rows) != 2 or rows[0] != ("user", prompt, "complete"):
+        result.messages_lost = 2 - len(rows)
+        result.problems.append(f"stored rows {rows!r:.200}")
+        return result
+    _, content, status = rows[1]
+    if status != "streaming":
+        result.problems.append(f"reply status {status!r}")
+    if not printed.startswith(content):
+        result.problems.append("the stored reply is not a prefix of the printed one")
+    result.stored_chars = len(content)
+    result.lost_chars = len(printed) - len(content)
+    # When was the first lost character printed? Walk the arrivals until the stored text is covered.
+    seen = 0
+    for at, data in arrivals:
+        seen += len(data.decode("utf-8", "replace"))
+        if seen > len(content):
+            result.lost_s = max(0.0, killed_at - at)
+            break
+    return result

@@ -126,6 +126,8 @@ def cpu_int8_quantize(model, inplace: bool = True):
 
 def _kernel_note(mode: str, device, chosen, refused: list[dict]) -> str:
     base = quantization_note(mode, device)
+    if mode == "int8" and chosen.device_type == "cpu" and not chosen.name.startswith("int8-dynamic"):
+        base = "INT8 (weight-only) needs less memory but is slower than fp32 on this CPU."
     line = f"Kernel: {chosen.name} ({chosen.summary})."
     if refused:
         why = "; ".join(f"{r['kernel']}: {r['reason']}" for r in refused)

@@ -1,6 +1,6 @@
 """The crash soak: kill -9 of the terminal chat and of the app's writer path, RUNS times each.
 
-    python tests/soak.py [RUNS] [--builtin]        (make soak: 50 runs each, under nice)
+    python tests/soak.py [RUNS] [--builtin] [--cli-runs N]        (make soak: 50 runs each, under nice)
 
 Reports, per path, messages lost (goal 0), integrity_check (goal ok every time) and the largest loss
 of streamed output (goal at most 0.5 s). Exits 1 when a goal is missed.
@@ -65,11 +65,12 @@ def soak_writer(folder: Path, runs: int) -> bool:
 def main() -> int:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
     builtin = "--builtin" in sys.argv  # the built-in model instead of the tiny one: slower, same path
+    cli_runs = int(sys.argv[sys.argv.index("--cli-runs") + 1]) if "--cli-runs" in sys.argv else runs
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tandem-soak-") as folder:
         ok_writer = soak_writer(Path(folder), runs)
         target = cli_crash.DEFAULT_TARGET if builtin else cli_crash.tiny_target(Path(folder))
-        ok_cli = soak_cli(Path(folder), runs, target)
+        ok_cli = soak_cli(Path(folder), cli_runs, target)
     print(
         f"soak finished in {time.monotonic() - started:.0f} s: {'ok' if ok_writer and ok_cli else 'GOALS MISSED'}"
     )

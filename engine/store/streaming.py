@@ -50,6 +50,7 @@ class ThrottledUpdater:
         self._oldest: float | None = None  # when the oldest uncommitted piece arrived
         self._retry_at = 0.0
         self._flush_requested = False
+        self._failures = 0  # failed commits so far
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name=f"reply-{message_id}-saver", daemon=True)
         self._thread.start()
@@ -76,13 +77,13 @@ class ThrottledUpdater:
                 self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Commit what has arrived now and wait for it; False if it could not be committed (see error)."""
+        """Commit what has arrived now and wait for it; False if that attempt failed (see error)."""
         with self._cond:
-            target = self._length
+            target, failures = self._length, self._failures
             self._flush_requested = True
             self._cond.notify_all()
             self._cond.wait_for(
-                lambda: self.committed_chars >= target or self.error is not None or self._stopped, timeout
+                lambda: self.committed_chars >= target or self._failures > failures or self._stopped, timeout
             )
             return self.committed_chars >= target
 
@@ -110,7 +111,7 @@ class ThrottledUpdater:
         """When the next commit should start; None while nothing waits."""
         if self._oldest is None:
             return None
-        if self._flush_requested and self.error is None:
+        if self._flush_requested:  # asked for now: also retries at once after a failure
             return 0.0
         return max(self._oldest + self.interval - self._margin, self._retry_at)
 
@@ -135,6 +136,7 @@ class ThrottledUpdater:
                 except TandemError as exc:  # a StorageError: disk full, read-only, locked
                     with self._cond:
                         self.error = exc
+                        self._failures += 1
                         self._oldest = oldest  # still uncommitted, and older than anything since
                         self._retry_at = time.monotonic() + self.interval
                         self._cond.notify_all()

@@ -67,11 +67,11 @@ def run_app(args: argparse.Namespace) -> int:
     if store is None:
         return 1
     if args.reset_settings:
-        from app.config import STORE_KEY
+        from app.config import STORE_KEY, WORKING_KEY
         from app.main_window import WINDOW_KEY
 
-        store.set_setting(STORE_KEY, None)
-        store.set_setting(WINDOW_KEY, None)
+        for key in (STORE_KEY, WORKING_KEY, WINDOW_KEY):
+            store.set_setting(key, None)
 
     from app.config import AppConfig
     from app.load_recovery import start_check

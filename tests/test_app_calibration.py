@@ -1,0 +1,54 @@
+"""The app measures this machine before Ready, says so in the status bar, and a restart does not repeat it."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.config import AppConfig
+from app.main_window import MainWindow
+from engine.runtime import calibration
+
+LOAD_TIMEOUT_MS = 480_000  # the first start measures; a busy shared CPU is slow
+pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
+
+
+@pytest.fixture
+def store(tmp_path):
+    from engine.store.database import Store
+
+    with Store(tmp_path / "tandem.db") as opened:
+        yield opened
+
+
+def start(qtbot, store) -> tuple[MainWindow, list[str]]:
+    """Open the window and load the built-in pair; returns the window and the states it showed."""
+    window = MainWindow(store, AppConfig(drafter="ngram", max_new_tokens=4))
+    qtbot.addWidget(window)
+    shown: list[str] = []
+    original = window.activity_label.setText
+
+    def record(text: str) -> None:
+        shown.append(text)
+        original(text)
+
+    window.activity_label.setText = record
+    with qtbot.waitSignal(window.models_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.load_models()
+    return window, shown
+
+
+def test_the_first_start_measures_before_ready_and_a_restart_does_not(qtbot, store, tmp_path, monkeypatch):
+    monkeypatch.setattr(calibration, "cache_path", lambda: tmp_path / "calibration.json")
+    first, shown = start(qtbot, store)
+    assert "Measuring this machine…" in shown
+    assert shown.index("Measuring this machine…") < shown.index("Ready")
+    first.close()
+
+    second, shown_again = start(qtbot, store)  # a restart on the same machine and model
+    assert "Measuring this machine…" not in shown_again
+    assert shown_again[-1] == "Ready"
+    second.message_edit.setPlainText("Hi")
+    with qtbot.waitSignal(second.reply_finished, timeout=LOAD_TIMEOUT_MS) as finished:
+        second.send()
+    assert finished.args[0] == "complete"
+    second.close()

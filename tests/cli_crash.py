@@ -69,7 +69,11 @@ def tiny_target(folder: Path) -> Path:
 
 
 def run_once(
-    folder: Path, seed: int, target: str | Path, kill_after_s: tuple[float, float] = (1.0, 3.0)
+    folder: Path,
+    seed: int,
+    target: str | Path,
+    kill_after_s: tuple[float, float] = (1.0, 3.0),
+    sig: int = signal.SIGKILL,
 ) -> CrashResult:
     """One run: start, wait for MIN_PRINTED bytes of reply and a random time in `kill_after_s`, kill -9, check."""
     rng = random.Random(seed)
@@ -97,11 +101,11 @@ def run_once(
         time.sleep(wait)
     finally:
         killed_at = time.monotonic()
-        process.send_signal(signal.SIGKILL)
+        process.send_signal(sig)  # SIGINT is Ctrl+C: the reply is saved as 'cancelled', exit 130
         process.wait()
         reader.join(timeout=30)
         errors.close()
-    if process.returncode != -signal.SIGKILL:
+    if process.returncode != (130 if sig == signal.SIGINT else -sig):
         result.problems.append(f"the reply ended before the kill (exit {process.returncode})")
 
     printed = b"".join(data for _, data in arrivals).decode("utf-8", "replace")
@@ -117,7 +121,7 @@ def run_once(
         result.problems.append(f"stored rows {rows!r:.200}")
         return result
     _, content, status = rows[1]
-    if status != "streaming":
+    if status != ("cancelled" if sig == signal.SIGINT else "streaming"):
         result.problems.append(f"reply status {status!r}")
     if not printed.startswith(content):
         result.problems.append("the stored reply is not a prefix of the printed one")

@@ -31,3 +31,11 @@ def test_sigkill_of_the_terminal_chat_keeps_every_message_and_all_but_the_last_h
     with Store(tmp_path / "cli-1.db") as store:  # its writer is gone: the reply is recovered
         assert store.recovered == 1
         assert store.thread(1)[-1].status == "interrupted"
+
+
+def test_ctrl_c_of_the_terminal_chat_saves_the_reply_as_printed(tmp_path):
+    result = run_once(tmp_path, seed=2, target=tiny_target(tmp_path), sig=signal.SIGINT)
+    assert not result.problems, result.problems  # exit 130, the reply 'cancelled'
+    assert result.messages_lost == 0 and result.integrity == "ok"
+    # everything printed was saved, but for the piece Ctrl+C may land between printing and saving
+    assert result.stored_chars > 0 and result.lost_chars <= 64

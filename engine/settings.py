@@ -20,6 +20,7 @@ class SamplingSettings:
     top_p: float = 1.0
     max_new_tokens: int = 512
     seed: int | None = None
+    stop: tuple[str, ...] = ()  # the reply ends before the first of these strings
 
     @property
     def greedy(self) -> bool:

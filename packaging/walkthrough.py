@@ -324,7 +324,7 @@ class Walkthrough(QObject):
         return None
 
     def restart(self):
-        self.window.close()
+        self.window.close()  # waits for the engine thread; the database stays open, as after a real quit
         self.settle(300)
         self.window.deleteLater()
         self.window = self.open_window()
@@ -346,6 +346,7 @@ class Walkthrough(QObject):
 def main(out_dir: Path) -> int:
     app = QtWidgets.QApplication(sys.argv[:1])
     app.setStyle("Fusion")
+    app.setQuitOnLastWindowClosed(False)  # the restart step closes the only window before opening the next
     with tempfile.TemporaryDirectory(prefix="tandem-walkthrough-") as folder:
         work = Path(folder)
         walk = Walkthrough(app, work / "walkthrough.db", out_dir, work)
@@ -355,6 +356,9 @@ def main(out_dir: Path) -> int:
     for line in walk.log:
         print(line)
     if walk.failure:
+        return 1
+    if walk.index < len(walk.steps):
+        print(f"walkthrough FAILED: it stopped at step {walk.index + 1} of {len(walk.steps)}")
         return 1
     print("walkthrough passed")
     return 0

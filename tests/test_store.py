@@ -592,3 +592,10 @@ def test_a_locked_database_is_a_typed_error(tmp_path):
     finally:
         other.execute("ROLLBACK")
         other.close()
+
+
+def test_a_folder_is_refused_and_never_offered_to_be_moved_aside(tmp_path):
+    with pytest.raises(StorageError, match="is a folder") as info:
+        Store(tmp_path)
+    assert not isinstance(info.value, CorruptDatabaseError)
+    assert tmp_path.is_dir()

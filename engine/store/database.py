@@ -31,7 +31,7 @@ from typing import Any
 
 import sqlite_utils
 
-from engine.errors import CorruptDatabaseError, DatabaseLockedError
+from engine.errors import DatabaseLockedError, StorageError
 from engine.paths import default_db_path
 from engine.store import branches, locks
 from engine.store.records import (  # noqa: F401  (re-exported: the store's public names)
@@ -72,9 +72,8 @@ class Store:
         except OSError as exc:
             raise os_storage_error(exc, self.path.parent, "create the folder for") from exc
         if self.path.is_dir():
-            raise CorruptDatabaseError(
-                f"{self.path} is a folder, not a Tandem database. Give a file name.", self.path
-            )
+            # not CorruptDatabaseError: a folder must never be offered to be moved aside
+            raise StorageError(f"{self.path} is a folder, not a Tandem database: give a file name.")
         with translated_errors(self.path):
             conn = sqlite3.connect(self.path, isolation_level=None, timeout=busy_timeout_s)
         try:

@@ -230,6 +230,8 @@ def load_model(
             progress(f"Choosing an {quantization.upper()} kernel for this machine", 0, 1)
         reload = _reloader(folder, torch_device, torch_dtype, quantization)
         model, kernel_info = quantize_checked(model, tokenizer, quantization, torch_device, folder, reload)
+        if progress is not None:
+            progress(f"Choosing an {quantization.upper()} kernel for this machine", 1, 1)
         info.update(kernel_info)
         model.eval()
     info["memory_bytes"] = model_memory_bytes(model)

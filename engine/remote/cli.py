@@ -57,9 +57,9 @@ def run_remote_chat(args, sampling: SamplingSettings, recorder) -> int:
         reply = recorder.begin(text) if recorder else None
 
         def on_event(event: Event, reply=reply) -> None:
+            printer(event)  # printed first: what the store holds is never ahead of the screen
             if reply is not None and isinstance(event, TextPiece):
                 reply.append(event.text)
-            printer(event)
 
         cancel = threading.Event()
         try:

@@ -244,6 +244,11 @@ class SettingsDialog(QtWidgets.QDialog):
             (target, draft if drafting else None, tuple(memory.items())) if local else None,
             lambda: probes.memory_line(target, draft if drafting else None, **memory),
         )
+        self._ask(
+            "precision",
+            (precision, config.device) if local and precision != "default" else None,
+            lambda: probes.precision_line(precision, config.device),
+        )
         device = "cpu" if config.draft_on_cpu else config.device
         quantization = config.draft_quantization
         self._ask(
@@ -264,9 +269,14 @@ class SettingsDialog(QtWidgets.QDialog):
             label.setText({"draft": CHECKING, "target": CHECKING_TARGET}[kind] if inputs is not None else "")
         if inputs is None:
             self._tokens[kind] = self._tokens.get(kind, 0) + 1
-            {"memory": self.w.memory_label, "quantization": self.w.quantization_note}.get(
-                kind, QtWidgets.QLabel()
-            ).setText("")
+            w = self.w
+            notes = {
+                "memory": w.memory_label,
+                "quantization": w.quantization_note,
+                "precision": w.precision_note,
+            }
+            if kind in notes:
+                notes[kind].setText("")
             return
         self._tokens[kind] = self._probes.submit(f"{id(self)}:{kind}", work)
 
@@ -287,6 +297,8 @@ class SettingsDialog(QtWidgets.QDialog):
             w.memory_label.setText(f"Could not estimate: {error}" if error else result)
         elif kind == "quantization":
             w.quantization_note.setText(f"{error}" if error else result)
+        elif kind == "precision":
+            w.precision_note.setText(f"{error}" if error else result)
         elif kind == "specs" and error is None:
             w.target_picker.add_specs(result)
             w.draft_picker.add_specs(result)

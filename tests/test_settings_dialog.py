@@ -291,6 +291,9 @@ def test_the_target_precision_is_a_choice_that_reaches_the_load_request(qtbot, o
     assert config.target_precision == "int8"
     assert LoadRequest.from_config(config).target_precision == "int8"
     assert AppConfig(drafter="ngram").models_changed(config)  # a new precision reloads the target
+    qtbot.waitUntil(lambda: "not identical" in dialog.precision_note.text(), timeout=PROBE_TIMEOUT_MS)
+    dialog.precision_combo.setCurrentIndex(dialog.precision_combo.findData("default"))
+    assert dialog.precision_note.text() == ""
 
 
 def test_the_kernel_in_use_and_why_is_shown(qtbot, store):

@@ -127,6 +127,14 @@ def quantization_line(mode: str, device: str) -> str:
     return quantization_note(mode, resolve_device(device))
 
 
+def precision_line(precision: str, device: str) -> str:
+    """What a target precision costs here and what 'lossless' then means, in one line."""
+    from engine.models.loaded import resolve_device
+    from engine.models.quantize import precision_note
+
+    return "" if precision == "default" else precision_note(precision, resolve_device(device))
+
+
 def devices() -> tuple[tuple[str, ...], str]:
     """(the devices to offer, a note on what is missing). 'cuda' only when torch sees a GPU."""
     import torch

@@ -26,6 +26,7 @@ DRAFTER_REASONS = {
     "model": "A draft model proposes tokens; fastest when it agrees often with the target.",
     "ngram": "Proposes text repeated from the conversation; costs almost nothing.",
     "suffix": "Proposes continuations of earlier replies; costs almost nothing.",
+    "head": "A one-layer head over the target's own hidden states drafts (train one with tandem-cli train-head).",
     "none": "Plain decoding, one target step per token.",
 }
 

@@ -257,10 +257,12 @@ def test_cuda_is_offered_only_when_torch_sees_a_gpu(qtbot, open_dialog):
         assert "not compiled" not in dialog.device_note.text()
 
 
-def test_the_drafter_choice_says_why_in_one_line(open_dialog):
+def test_every_drafter_choice_says_why_in_one_line(open_dialog):
     dialog = open_dialog(AppConfig())
-    assert dialog.drafter_reason.text()
-    assert "\n" not in dialog.drafter_reason.text()
+    for index in range(dialog.drafter_combo.count()):
+        dialog.drafter_combo.setCurrentIndex(index)
+        assert dialog.drafter_reason.text(), dialog.drafter_combo.currentData()
+        assert "\n" not in dialog.drafter_reason.text()
 
 
 def test_stop_strings_are_carried_one_per_line(qtbot, open_dialog, store):

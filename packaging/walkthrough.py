@@ -15,6 +15,7 @@ Exit status 0 when every step did what it should; otherwise the failing step is 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -35,7 +36,8 @@ FIRST_PROMPT = "Write a Python function that checks whether a number is prime, w
 LONG_PROMPT = "Tell me a long story about a lighthouse keeper and a storm."
 EDITED_PROMPT = "Write a short Python function that checks whether a number is even."
 STEP_TIMEOUT_S = 900  # a reply on a busy 2-core machine can take minutes
-MAX_NEW_TOKENS = 96  # replies long enough to show drafting, short enough for a 2-core machine
+# replies long enough to show drafting, short enough for a 2-core machine; TANDEM_WALKTHROUGH_TOKENS overrides
+MAX_NEW_TOKENS = int(os.environ.get("TANDEM_WALKTHROUGH_TOKENS", "96"))
 POLL_MS = 100
 
 Step = Callable[[], Callable[[], bool] | None]  # does something; returns what to wait for (or None)
@@ -258,8 +260,7 @@ class Walkthrough(QObject):
 
     def accept_export(self):
         self.file_dialog().accept()
-        path = self.work / "conversation.md"
-        return lambda: path.exists() and "# " in path.read_text()
+        return lambda: any("# " in path.read_text() for path in self.work.glob("*.md"))
 
     def import_by_drop(self):
         exported = self.work / "conversations.json"

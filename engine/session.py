@@ -150,6 +150,12 @@ class ChatEngine:
             self._suffix.add_history(reply, start=lead)
             return finished
 
+    def forget_history(self) -> None:
+        """Empties the suffix index of earlier replies (a benchmark's methods must not draft each
+        other's answers)."""
+        with self._lock:
+            self._suffix.forget_history()
+
     def add_history(self, sequences: list[list[int]]) -> None:
         """Indexes earlier token sequences (stored conversations) for the suffix drafter."""
         with self._lock:

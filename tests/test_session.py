@@ -171,3 +171,13 @@ def test_stored_conversations_can_be_indexed(target):
     engine.add_history([engine.prompt_ids(messages) + reference])
     finished = engine.respond(messages)
     assert list(finished.token_ids) == reference and finished.stats.accepted >= 8
+
+
+def test_forget_history_empties_the_suffix_index(target):
+    engine = ChatEngine(
+        target, None, SpeculationSettings(drafter="suffix"), SamplingSettings(max_new_tokens=16)
+    )
+    engine.respond([{"role": "user", "content": "Name a colour."}])
+    assert engine._suffix.history_entries > 0
+    engine.forget_history()
+    assert engine._suffix.history_entries == 0

@@ -93,8 +93,10 @@ class TandemRunner:
         self.verify_forward_s: dict[int, float] = {}
 
     def start_prompt(self) -> None:
-        """A new question starts from empty caches; turns of one question reuse them, as in chat."""
+        """A new question starts from empty caches and an empty suffix index (another method's reply
+        to the same question would be drafted whole); turns of one question reuse them, as in chat."""
         self.engine.reset()
+        self.engine.forget_history()
 
     def run_turn(self, prompt_ids: list[int], tokenizer) -> TurnResult:
         first_token_at: list[float] = []

@@ -11,6 +11,7 @@ import torch
 from engine.errors import SettingsError
 from engine.models import quant_check as qc
 from engine.models import quant_kernels as qk
+from engine.models.quant_smoothing import fold_smoothing, input_channel_maxima
 from engine.models.quantize import precision_settings, quantize_checked
 from tests.conftest import build_tiny_llama
 
@@ -119,9 +120,9 @@ def test_smoothing_is_exact_in_float(tiny, builtin_tokenizer):
     """Folding 1/s into the norms and up_proj and s into the weights leaves float logits unchanged."""
     ids = torch.tensor(builtin_tokenizer("Smoothing moves outliers into the weights.")["input_ids"])
     model = copy.deepcopy(tiny)
-    maxima, (before,) = qk.input_channel_maxima(model, [ids])
+    maxima, (before,) = input_channel_maxima(model, [ids])
     float_kernel = qk.Kernel("float-smoothed", "int8", "cpu", "float, smoothed", FloatLinear, smooth=True)
-    rest = qk.fold_smoothing(copy.deepcopy(model), maxima)
+    rest = fold_smoothing(copy.deepcopy(model), maxima)
     assert rest and all(".o_proj" in name for name in rest)  # everything else folds away
     float_kernel.build(model, maxima)
     assert not torch.equal(model.model.norm.weight, tiny.model.norm.weight)

@@ -9,10 +9,9 @@ from engine.models.builtin import DEFAULT_TARGET
 from engine.models.loading import load_config, load_model
 from engine.models.memory import estimate_weight_bytes
 from engine.models.quant_check import MIN_AGREEMENT, check_against, probe_inputs, reference_run
-from engine.models.quant_kernels import KERNELS, candidates
+from engine.models.quant_kernels import KERNELS, candidates, int4_cpu_unavailable_reason
 from engine.models.quantize import (
     _reloader,
-    int4_cpu_unavailable_reason,
     precision_note,
     quantization_note,
     quantize_model,

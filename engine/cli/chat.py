@@ -7,8 +7,9 @@ import sys
 import threading
 import time
 
+from engine.cli.terminal import TerminalPrinter, checked_text, format_stats, read_line
 from engine.errors import SettingsError
-from engine.events import Event, Failed, Finished, TextPiece
+from engine.events import Event, Finished, TextPiece
 from engine.models.builtin import DEFAULT_TARGET
 from engine.settings import SamplingSettings, SpeculationSettings
 
@@ -20,7 +21,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft",
         default=None,
-        help="draft model spec, 'ngram' or 'none' (default: a quantized copy of the target)",
+        help="draft model spec, 'auto' (each round: lookup, suffix index, a quantized copy or none), "
+        "'ngram', 'suffix', 'head' (the draft head shipped for the target; head:DIR for another) "
+        "or 'none' (default: a quantized copy of the target)",
     )
     parser.add_argument(
         "--quant", choices=["none", "int8", "int4"], default="int8", help="draft quantization"
@@ -75,7 +78,7 @@ def add_chat_parser(subparsers) -> None:
 
 def speculation_from_args(args) -> SpeculationSettings:
     draft = (args.draft or "").lower()
-    drafter = "ngram" if draft == "ngram" else "none" if draft == "none" else "model"
+    drafter = draft if draft in ("ngram", "suffix", "auto", "none") else "model"
     if draft == "head" or draft.startswith("head:"):
         drafter = "head"
     if args.k == "adaptive":
@@ -170,63 +173,15 @@ def print_kernel_notes(target, draft) -> None:
             print(f"{role} ({loaded.info['precision']}): {loaded.info['quantization_note']}", file=sys.stderr)
 
 
-class TerminalPrinter:
-    def __init__(self, stream=sys.stdout) -> None:
-        self.stream = stream
-
-    def __call__(self, event: Event) -> None:
-        if isinstance(event, TextPiece):
-            self.stream.write(event.text)
-            self.stream.flush()
-        elif isinstance(event, Failed):
-            print(f"\n[error] {event.message}", file=sys.stderr)
 
 
-def format_stats(finished: Finished) -> str:
-    stats = finished.stats
-    parts = [f"{stats.generated_tokens} tokens", f"drafter {stats.drafter}"]
-    if stats.tokens_per_s:
-        parts.append(f"{stats.tokens_per_s:.1f} tok/s")
-    if stats.acceptance_rate is not None:
-        parts.append(f"acceptance {stats.acceptance_rate:.0%}")
-    if stats.mean_accepted_length is not None:
-        parts.append(f"mean accepted length {stats.mean_accepted_length:.2f}")
-    if stats.speedup is not None:
-        parts.append(f"speed-up {stats.speedup:.2f}x vs target alone")
-    if stats.note:
-        parts.append(stats.note)
-    return "[" + ", ".join(parts) + "]"
 
 
 SAVE_RETRY_S = 5.0  # how often a reply that could not be saved (full disk) is saved again
 
 
-def checked_text(text: str, where: str) -> str:
-    """The user's text, refused with one readable line when a model or the store could not take it."""
-    from engine.errors import InvalidTextError
-    from engine.store.records import check_text
-
-    try:
-        check_text(text, where)
-    except InvalidTextError:
-        raise InvalidTextError(f"{where} is not valid UTF-8 text; send it as UTF-8.") from None
-    if "\x00" in text:
-        raise InvalidTextError(
-            f"{where} holds a NUL character (\\0 at position {text.index(chr(0))}); remove it."
-        )
-    return text
 
 
-def read_line() -> str | None:
-    """The next line the user types or pipes in; None at the end of input."""
-    from engine.errors import InvalidTextError
-
-    try:
-        return input("\n> ")
-    except EOFError:
-        return None
-    except UnicodeDecodeError:
-        raise InvalidTextError("Standard input is not valid UTF-8 text; send it as UTF-8.") from None
 
 
 def cut_notice(finished: Finished, sampling: SamplingSettings, context_length: int) -> str | None:
@@ -252,7 +207,7 @@ def run_chat(args) -> int:
     recorder = ConversationRecorder.open(args.db, args) if args.db else None
     try:
         if args.server:
-            from engine.remote.cli import run_remote_chat
+            from engine.cli.remote_chat import run_remote_chat
 
             return run_remote_chat(args, sampling, recorder)
         return _chat(args, build_engine(args, speculation, sampling), sampling, recorder)

@@ -18,9 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli.chat import add_chat_parser
     from engine.cli.models import add_models_parser
     from engine.cli.quant_report import add_quant_report_parser
-    from engine.cli.transfer import add_export_parser, add_import_parser
-    from engine.cli.train_head import add_train_head_parser
     from engine.cli.serve import add_serve_parser
+    from engine.cli.train_head import add_train_head_parser
+    from engine.cli.transfer import add_export_parser, add_import_parser
 
     add_chat_parser(subparsers)
     add_models_parser(subparsers)

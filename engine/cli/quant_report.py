@@ -195,7 +195,7 @@ def decode_ms(models: dict, context: int, steps: int, rounds: int) -> dict[str, 
 
 
 def machine_summary(torch) -> dict:
-    from engine.models.quant_kernels import cpu_signature, has_vnni
+    from engine.models.cpu_features import cpu_signature, has_vnni
 
     return {
         "torch": torch.__version__,

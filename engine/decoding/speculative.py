@@ -29,6 +29,7 @@ from engine.decoding.sampling import (
     probs_from_logits,
     sample,
 )
+from engine.decoding.stop import StopMatcher
 from engine.events import Event, Finished, RoundStats, TextPiece, TokenSpan
 from engine.runtime.eager import ModelRunner
 from engine.settings import SamplingSettings, SpeculationSettings
@@ -194,6 +195,8 @@ def generate(
     readers = [member for member in planner.drafters if member.wants_hidden]
     target.capture_hidden = readers[0].wants_hidden if readers else ()
     detok = IncrementalDetokenizer(tokenizer)
+    stops = StopMatcher(sampling.stop)
+    streamed: list[str] = []
     plain_only = isinstance(drafter, NoDrafter)
     stats.drafter = drafter.name
     stats.k_mode = "fixed" if not speculation.adaptive else "adaptive"
@@ -203,7 +206,13 @@ def generate(
     started = time.perf_counter()
 
     def finish(reason) -> Finished:
-        text = detok.text + detok.finish()
+        if stops.stopped:
+            text = "".join(streamed)  # everything before the stop string, and nothing of it
+        else:
+            held = stops.flush()  # text that could have begun a stop string, and did not
+            if held:
+                emit(TextPiece(tuple(held)))
+            text = detok.text + detok.finish()
         stats.total_time_s = time.perf_counter() - started
         emit(RoundStats(stats.copy()))
         finished = Finished(reason, text, tuple(context[len(prompt_ids) :]), stats.copy())
@@ -211,14 +220,23 @@ def generate(
         return finished
 
     def publish(tokens: list[int], provenance: list[str]) -> str | None:
-        """Appends tokens to the context and streams their text; returns "eos" when one of them ends the reply."""
-        stop = next((i for i, token in enumerate(tokens) if token in eos_ids), None)
-        if stop is not None:
-            tokens, provenance = tokens[: stop + 1], provenance[: stop + 1]
-        context.extend(tokens)
-        stats.generated_tokens += len(tokens)
-        emit(TextPiece(tuple(TokenSpan(t, detok.add(t), p) for t, p in zip(tokens, provenance, strict=True))))
-        return "eos" if stop is not None else None
+        """Appends tokens to the context and streams their text; returns "eos" or "stop" when one of
+        them ends the reply (an end token, or the text reaching a stop string)."""
+        end = next((i for i, token in enumerate(tokens) if token in eos_ids), None)
+        if end is not None:
+            tokens, provenance = tokens[: end + 1], provenance[: end + 1]
+        shown: list[TokenSpan] = []
+        reason = "eos" if end is not None else None
+        for token, origin in zip(tokens, provenance, strict=True):
+            context.append(token)
+            stats.generated_tokens += 1
+            shown.extend(stops.feed([TokenSpan(token, detok.add(token), origin)]))
+            if stops.stopped:
+                reason = "stop"
+                break
+        streamed.extend(span.text for span in shown)
+        emit(TextPiece(tuple(shown)))
+        return reason
 
     if cancel is not None and cancel.is_set():
         return finish("cancelled")
@@ -232,9 +250,10 @@ def generate(
         return finish("cancelled")
     for reader in readers:
         reader.observe_target(target.last_hidden, prompt_ids + [first_token])
-    if publish([first_token], ["target"]) == "eos":
+    reason = publish([first_token], ["target"])
+    if reason is not None:
         rollback_target_to_context(target, context)
-        return finish("eos")
+        return finish(reason)
     if not plain_only:
         # The draft reads the prompt now, as prompt processing: charged to drafting, a long prompt
         # would make every drafted token look expensive and adaptive K would stop drafting.
@@ -267,9 +286,9 @@ def generate(
         for reader in readers:
             reader.observe_target(target.last_hidden, context)
         stats.total_time_s = time.perf_counter() - started
-        if reason == "eos":
+        if reason is not None:
             rollback_target_to_context(target, context)
-            return finish("eos")
+            return finish(reason)
         emit(RoundStats(stats.copy()))
         if cancel is not None and cancel.is_set():
             return finish("cancelled")

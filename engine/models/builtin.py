@@ -83,9 +83,7 @@ def is_converted(folder: Path) -> bool:
     return (folder / COMPLETE_MARKER).is_file()
 
 
-def convert_gguf_to_folder(
-    gguf_path: Path, out_dir: Path, progress: ProgressCallback | None = None
-) -> Path:
+def convert_gguf_to_folder(gguf_path: Path, out_dir: Path, progress: ProgressCallback | None = None) -> Path:
     """Dequantize a GGUF file into a safetensors folder with its tokenizer and chat template.
 
     The folder is written under a temporary name and renamed at the end, so an interrupted

@@ -19,6 +19,7 @@ from engine.models.builtin import (
     is_builtin,
     is_converted,
 )
+from engine.models.hf import from_pretrained
 from engine.models.hub import download_model, looks_like_hub_id
 from engine.models.loaded import LoadedModel, resolve_device, resolve_dtype
 from engine.paths import models_cache_dir
@@ -148,25 +149,10 @@ def check_model_folder(folder: Path) -> list[Path]:
 # ---- loading ---------------------------------------------------------------------------------
 
 
-def _from_pretrained(loader, folder: Path, **kwargs):
-    """transformers' from_pretrained with remote code refused and format errors made typed."""
-    try:
-        return loader.from_pretrained(str(folder), trust_remote_code=False, **kwargs)
-    except ModelFormatError:
-        raise
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        if "trust_remote_code" in str(exc) or "custom code" in str(exc):
-            raise ModelFormatError(
-                f"'{folder}' needs code shipped with the model to load; Tandem never runs model code. "
-                "Choose a model whose architecture transformers supports natively."
-            ) from exc
-        raise ModelFormatError(f"Could not load the model in '{folder}': {exc}") from exc
-
-
 def load_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
-    return _from_pretrained(AutoTokenizer, folder)
+    return from_pretrained(AutoTokenizer, folder)
 
 
 def load_config(spec: str):
@@ -178,9 +164,9 @@ def load_config(spec: str):
         path = Path(spec).expanduser()
         folder = gguf_cache_folder(path)
         if is_converted(folder):
-            return _from_pretrained(AutoConfig, folder)
-        return _from_pretrained(AutoConfig, path.parent, gguf_file=path.name)
-    return _from_pretrained(AutoConfig, resolve_folder(spec))
+            return from_pretrained(AutoConfig, folder)
+        return from_pretrained(AutoConfig, path.parent, gguf_file=path.name)
+    return from_pretrained(AutoConfig, resolve_folder(spec))
 
 
 def load_model(
@@ -217,7 +203,7 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     tokenizer = load_tokenizer(folder)
-    model = _from_pretrained(AutoModelForCausalLM, folder, dtype=torch_dtype)
+    model = from_pretrained(AutoModelForCausalLM, folder, dtype=torch_dtype)
     model.to(torch_device)
     model.eval()
     info = {

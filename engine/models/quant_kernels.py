@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SMOOTH_ALPHA = 0.5
+from engine.models.cpu_features import has_vnni
+from engine.models.quant_smoothing import (
+    fold_smoothing,
+    replace_linears,
+    untie_lm_head,
+)
+
 QUANTIZED_ENGINES = ("fbgemm", "x86", "onednn", "qnnpack")
 
 # ---- modules ---------------------------------------------------------------------------------
@@ -286,36 +291,12 @@ def candidates(mode: str, device_type: str, include_plain: bool = False) -> list
 # ---- machine facts ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def has_vnni() -> bool:
-    return bool({"avx512_vnni", "avx_vnni", "avx_vnni_int8"} & cpu_flags())
-
-
-def cpu_signature() -> str:
-    """The CPU features that decide which kernel paths run: capability level and the SIMD flags."""
-    wanted = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma", "sse4", "neon", "asimd")))
-    return f"{torch.backends.cpu.get_cpu_capability()}:{','.join(wanted)}"
-
-
 @functools.cache
 def _unavailable_reason(kernel: Kernel) -> str | None:
     name = kernel.name
     if kernel.device_type == "cuda" and not torch.cuda.is_available():
         return "needs an NVIDIA GPU"
     if kernel.load_time:
-        from engine.models.quantize import int4_cpu_unavailable_reason
-
         if kernel.device_type == "cpu":
             return int4_cpu_unavailable_reason()
         try:
@@ -339,126 +320,6 @@ def _unavailable_reason(kernel: Kernel) -> str | None:
 # ---- building --------------------------------------------------------------------------------
 
 
-def untie_lm_head(model: nn.Module) -> None:
-    """Give the LM head its own weight so quantizing it leaves the input embedding a float gather."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if head is not None and embed is not None and head.weight is embed.weight:
-        head.weight = nn.Parameter(embed.weight.detach().clone(), requires_grad=False)
-        if hasattr(model, "config"):
-            model.config.tie_word_embeddings = False
-
-
-def linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
-    return [(name, module) for name, module in model.named_modules() if type(module) is nn.Linear]
-
-
-def replace_linears(model: nn.Module, make: Callable, smoothing: dict[str, torch.Tensor]) -> None:
-    """Swap every nn.Linear for make(weight, bias[, inverse_scale]); a layer in `smoothing` (whose
-    weight columns were already multiplied by its scales) divides its input by them."""
-    for name, linear in linear_layers(model):
-        weight = linear.weight.detach()
-        scale = smoothing.get(name)
-        if scale is None:
-            quantized = make(weight, linear.bias)
-        else:
-            quantized = make(weight, linear.bias, (1 / scale).to(weight.dtype))
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, quantized)
-
-
-@torch.inference_mode()
-def input_channel_maxima(model: nn.Module, inputs: list[torch.Tensor]):
-    """Run the float model over `inputs` ([n] ids each), recording max |x_j| at the input of every
-    nn.Linear. Returns (name -> [K] maxima, the logits of each input: [n, V] float32)."""
-    maxima: dict[str, torch.Tensor] = {}
-
-    def hook(name):
-        def record(_module, args, _output):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(0).float()
-            maxima[name] = torch.maximum(maxima[name], x) if name in maxima else x
-
-        return record
-
-    handles = [linear.register_forward_hook(hook(name)) for name, linear in linear_layers(model)]
-    try:
-        logits = [model(input_ids=ids.view(1, -1), use_cache=False).logits[0].float() for ids in inputs]
-    finally:
-        for handle in handles:
-            handle.remove()
-    return maxima, logits
-
-
-def smoothing_scales(model: nn.Module, input_maxima: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA):
-    """SmoothQuant scales s_j = max|x_j|^alpha / max|w_j|^(1-alpha) per nn.Linear: name -> [K]."""
-    scales = {}
-    linears = dict(linear_layers(model))
-    for name, x_max in input_maxima.items():
-        if name not in linears:
-            continue
-        weight = linears[name].weight.detach()
-        w_max = weight.abs().amax(0).float().clamp(min=1e-5)  # [K]
-        scale = (x_max.to(w_max.device).clamp(min=1e-5) ** alpha) / (w_max ** (1 - alpha))
-        scales[name] = scale.clamp(min=1e-2, max=1e2).to(weight.dtype)
-    return scales
-
-
-# RMSNorms that compute weight * normalized(x), so dividing their weight by s divides their output by s.
-FOLDABLE_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
-
-
-def _scale(x_max: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
-    w_max = torch.stack([w.detach().abs().amax(0).float() for w in weights]).amax(0).clamp(min=1e-5)  # [K]
-    scale = (x_max.to(w_max.device).clamp(min=1e-5) ** alpha) / (w_max ** (1 - alpha))
-    return scale.clamp(min=1e-2, max=1e2)
-
-
-@torch.no_grad()
-def fold_smoothing(model: nn.Module, input_maxima: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA):
-    """Smooth every nn.Linear's input; where the input comes from an RMSNorm (q/k/v, gate/up, the
-    LM head) or from up_proj (down_proj), fold 1/s into that module's weight so decoding pays no
-    extra op. Weight columns are multiplied by s in place. Returns the scales of the layers left
-    to divide their own input (name -> [K])."""
-    linears = dict(linear_layers(model))
-    folded: set[str] = set()
-
-    def fold(divide: torch.Tensor, names: list[str], rows: bool = False) -> None:
-        present = [n for n in names if n in linears and n in input_maxima]
-        if len(present) != len(names):
-            return
-        scale = _scale(input_maxima[names[0]], [linears[n].weight for n in names], alpha)
-        # `divide` is a norm's weight [K], or up_proj's weight [K, hidden] whose rows feed down_proj
-        divide.div_((scale[:, None] if rows else scale).to(divide.dtype))
-        for name in names:
-            linears[name].weight.mul_(scale.to(linears[name].weight.dtype))
-            folded.add(name)
-
-    for prefix, module in model.named_modules():
-        attn, mlp = getattr(module, "self_attn", None), getattr(module, "mlp", None)
-        norm = getattr(module, "input_layernorm", None)
-        post = getattr(module, "post_attention_layernorm", None)
-        if attn is None or mlp is None or norm is None or post is None:
-            continue
-        if type(norm).__name__ in FOLDABLE_NORMS:
-            fold(norm.weight, [f"{prefix}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")])
-        if type(post).__name__ in FOLDABLE_NORMS:
-            fold(post.weight, [f"{prefix}.mlp.{p}" for p in ("gate_proj", "up_proj")])
-        up = getattr(mlp, "up_proj", None)
-        if type(up) is nn.Linear and type(getattr(mlp, "down_proj", None)) is nn.Linear:
-            fold(up.weight, [f"{prefix}.mlp.down_proj"], rows=True)
-    inner = getattr(model, "model", None)
-    final_norm = getattr(inner, "norm", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if type(final_norm).__name__ in FOLDABLE_NORMS and type(head) is nn.Linear:
-        head_name = next((n for n, m in linears.items() if m is head), None)
-        if head_name is not None:
-            fold(final_norm.weight, [head_name])
-    rest = {n: s for n, s in smoothing_scales(model, input_maxima, alpha).items() if n not in folded}
-    for name, scale in rest.items():
-        linears[name].weight.mul_(scale)
-    return rest
-
-
 def _torch_ao_dynamic(model: nn.Module) -> nn.Module:
     """torch.ao's stock dynamic INT8 of every nn.Linear (the default engine's kernels)."""
     untie_lm_head(model)
@@ -470,89 +331,15 @@ def _torch_ao_dynamic(model: nn.Module) -> nn.Module:
 # ---- speed -----------------------------------------------------------------------------------
 
 
-def linear_shapes(model: nn.Module) -> dict[tuple[int, int], int]:
-    """(out_features, in_features) -> how many nn.Linear layers of that shape the model has."""
-    shapes: dict[tuple[int, int], int] = {}
-    for _name, linear in linear_layers(model):
-        shape = tuple(linear.weight.shape)
-        shapes[shape] = shapes.get(shape, 0) + 1
-    return shapes
-
-
-@contextlib.contextmanager
-def threads(count: int) -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
+@functools.lru_cache(maxsize=1)
+def int4_cpu_unavailable_reason() -> str | None:
+    """None when bitsandbytes can run NF4 on this CPU, otherwise why not."""
     try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+        import bitsandbytes.functional as bnbf
+        import torch
 
-
-def _one_layer(kernel: Kernel, n: int, k: int, device) -> nn.Module:
-    weight = torch.randn(n, k, device=device) / k**0.5
-    if kernel.make_linear is None:
-        return kernel.build(nn.Sequential(nn.Linear(k, n, bias=False).to(device)))[0]
-    if kernel.smooth:
-        return kernel.make_linear(weight, None, torch.ones(k, device=device))
-    return kernel.make_linear(weight, None)
-
-
-@torch.inference_mode()
-def layer_ms(kernels: list[Kernel], shapes: dict[tuple[int, int], int], device="cpu", rounds: int = 8):
-    """Milliseconds per token of a model's linear layers under each kernel: kernel name -> ms.
-
-    One token (M = 1) through a random-weight layer of each shape, the fastest of `rounds`, times how
-    many layers have that shape. Kernels take turns within each round, so load from other processes
-    hits them alike. On CPU this runs on one thread: with more threads than free cores, OpenMP's
-    barriers make small ops' times meaningless, and the ranking is what is needed.
-    """
-    import time
-
-    layers = {
-        kernel.name: {shape: _one_layer(kernel, *shape, device) for shape in shapes} for kernel in kernels
-    }
-    inputs = {k: torch.randn(1, 1, k, device=device) for (_n, k) in shapes}
-    best = {(name, shape): float("inf") for name in layers for shape in shapes}
-    with threads(1) if device == "cpu" else contextlib.nullcontext():
-        for _ in range(rounds):
-            for name, by_shape in layers.items():
-                for shape, layer in by_shape.items():
-                    started = time.perf_counter()
-                    layer(inputs[shape[1]])
-                    if device != "cpu":
-                        torch.cuda.synchronize()
-                    best[name, shape] = min(best[name, shape], time.perf_counter() - started)
-    return {name: sum(1000 * best[name, s] * count for s, count in shapes.items()) for name in layers}
-
-
-def ranked_by_speed(
-    kernels: list[Kernel], model: nn.Module, cache: dict, fingerprint: str
-) -> dict[str, float]:
-    """Estimated ms per token of each kernel's linear layers here (measured once, then cached).
-
-    Load-time kernels are not microbenchmarked: bitsandbytes stays the CUDA default and the CPU's last resort.
-    """
-    from engine.models import quant_check as qc
-
-    shapes = linear_shapes(model)
-    shape_key = hashlib.sha256(repr(sorted(shapes.items())).encode()).hexdigest()[:12]
-    speeds: dict[str, float] = {}
-    keys: dict[str, str] = {}
-    to_measure: list[Kernel] = []
-    for kernel in kernels:
-        if kernel.load_time:
-            speeds[kernel.name] = 0.0 if kernel.device_type == "cuda" else float("inf")
-            continue
-        keys[kernel.name] = key = qc.machine_key(kernel.name, kernel.version, f"speed:{shape_key}")
-        cached = cache.get(key, {}).get("layer_ms")
-        if cached is None:
-            to_measure.append(kernel)
-        else:
-            speeds[kernel.name] = cached
-    for device_type in {k.device_type for k in to_measure}:
-        same = [k for k in to_measure if k.device_type == device_type]
-        for name, ms in layer_ms(same, shapes, device_type).items():
-            speeds[name] = ms
-            qc.write_cache_entry(keys[name], {"kernel": name, "layer_ms": round(ms, 4)})
-    return speeds
+        packed, state = bnbf.quantize_4bit(torch.ones(64, 64), quant_type="nf4")
+        bnbf.dequantize_4bit(packed, state)
+    except Exception as exc:  # any failure in a third-party backend means "not here"
+        return f"{exc.__class__.__name__}: {exc}"
+    return None

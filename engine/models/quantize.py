@@ -14,7 +14,6 @@ own int4pack kernel.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from engine.errors import SettingsError
@@ -51,7 +50,7 @@ def precision_note(precision: str, device) -> str:
         return "fp32: the model's full-precision weights."
     if precision == "bf16":
         on_cuda = getattr(device, "type", device) == "cuda"
-        from engine.models.quant_kernels import cpu_flags
+        from engine.models.cpu_features import cpu_flags
 
         native = on_cuda or bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
         speed = "" if native else " This CPU has no native bf16, so it is likely slower than fp32."
@@ -60,20 +59,6 @@ def precision_note(precision: str, device) -> str:
         f"{precision.upper()} target: less memory; its output is not identical to the fp32 model's. "
         "Speculative decoding keeps this target's own output exactly."
     )
-
-
-@functools.lru_cache(maxsize=1)
-def int4_cpu_unavailable_reason() -> str | None:
-    """None when bitsandbytes can run NF4 on this CPU, otherwise why not."""
-    try:
-        import bitsandbytes.functional as bnbf
-        import torch
-
-        packed, state = bnbf.quantize_4bit(torch.ones(64, 64), quant_type="nf4")
-        bnbf.dequantize_4bit(packed, state)
-    except Exception as exc:  # any failure in a third-party backend means "not here"
-        return f"{exc.__class__.__name__}: {exc}"
-    return None
 
 
 def quantization_note(mode: str, device) -> str:
@@ -88,6 +73,8 @@ def quantization_note(mode: str, device) -> str:
         return "INT4 (bitsandbytes NF4) uses about a quarter of bf16 memory; speed is close to bf16."
     if mode == "int8":
         return "INT8 (dynamic) is faster than fp32 on this CPU and needs less memory."
+    from engine.models.quant_kernels import int4_cpu_unavailable_reason
+
     reason = int4_cpu_unavailable_reason()
     if reason is not None:
         return f"INT4 is unavailable on this CPU ({reason})."
@@ -103,6 +90,8 @@ def load_time_quantization(mode: str, device, dtype) -> dict[str, Any]:
     if mode == "int8":
         config = BitsAndBytesConfig(load_in_8bit=True)
     else:
+        from engine.models.quant_kernels import int4_cpu_unavailable_reason
+
         if device.type == "cpu" and int4_cpu_unavailable_reason() is not None:
             raise SettingsError(quantization_note("int4", device))
         config = BitsAndBytesConfig(
@@ -150,6 +139,7 @@ def quantize_checked(
 
     from engine.models import quant_check as qc
     from engine.models import quant_kernels as qk
+    from engine.models.kernel_speed import ranked_by_speed
 
     device_type = getattr(device, "type", str(device))
     fingerprint = qc.model_fingerprint(folder, getattr(model, "config", None))
@@ -166,7 +156,7 @@ def quantize_checked(
             runnable.append(kernel)
         else:
             refused.append({"kernel": kernel.name, "reason": f"unavailable ({reason})"})
-    speeds = qk.ranked_by_speed(runnable, model, cache, fingerprint) if ranked else {}
+    speeds = ranked_by_speed(runnable, model, cache, fingerprint) if ranked else {}
     ordered = sorted(runnable, key=lambda k: speeds.get(k.name, float("inf"))) if ranked else runnable
     probes = qc.probe_inputs(tokenizer, device)
     maxima = reference = None  # from one float forward over the probes, only when needed
@@ -254,9 +244,9 @@ def _reloader(folder, device, dtype, mode: str):
     def reload(_kernel):
         from transformers import AutoModelForCausalLM
 
-        from engine.models.loading import _from_pretrained
+        from engine.models.hf import from_pretrained
 
         extra = load_time_quantization(mode, device, dtype)
-        return _from_pretrained(AutoModelForCausalLM, folder, dtype=dtype, **extra).eval()
+        return from_pretrained(AutoModelForCausalLM, folder, dtype=dtype, **extra).eval()
 
     return reload

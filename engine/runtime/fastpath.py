@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from engine.models.loaded import context_length_of
 from engine.runtime.eager import ModelRunner
+from engine.runtime.protocol import Runner
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 ProgressCallback = Callable[[str, int, int], None]
@@ -402,31 +403,13 @@ def benchmark(model, context: int = 200, sizes=(1, 5), repeats: int = 5, rounds:
     return {"ms": ms, "compile_s": compile_seconds, "notice": runners["fast-compiled"].notice}
 
 
-if __name__ == "__main__":
-    import argparse
-    import json
-
-    from engine.models.builtin import DEFAULT_TARGET
-    from engine.models.loading import load_model
-
-    parser = argparse.ArgumentParser(description="Time FastRunner against transformers on one model.")
-    parser.add_argument("spec", nargs="?", default=DEFAULT_TARGET)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sizes", default="1,5")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    loaded = load_model(args.spec, device="cpu", dtype="float32")
-    sizes = tuple(int(n) for n in args.sizes.split(","))
-    print(json.dumps(benchmark(loaded.model, sizes=sizes), indent=1))
-
-
 CPU_COMPILE_NOTICE = (
     "Compilation is off on CPU unless asked for: preparing each shape takes minutes on a small CPU. "
     "Set 'compiled' to 'on' to try it."
 )
 
 
-def make_runner(model, device=None, compiled: str = "auto", verify_sizes: Iterable[int] = ()) -> ModelRunner:
+def make_runner(model, device=None, compiled: str = "auto", verify_sizes: Iterable[int] = ()) -> Runner:
     """The fastest runner this model supports.
 
     compiled: "auto" compiles on CUDA and stays eager on CPU, "on" compiles wherever it can,

@@ -1,0 +1,63 @@
+"""The terminal side of a chat, local or remote: reading a line, printing a reply as it streams, its stats."""
+
+from __future__ import annotations
+
+import sys
+
+from engine.events import Event, Failed, Finished, TextPiece
+
+
+class TerminalPrinter:
+    def __init__(self, stream=sys.stdout) -> None:
+        self.stream = stream
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, TextPiece):
+            self.stream.write(event.text)
+            self.stream.flush()
+        elif isinstance(event, Failed):
+            print(f"\n[error] {event.message}", file=sys.stderr)
+
+
+def format_stats(finished: Finished) -> str:
+    stats = finished.stats
+    parts = [f"{stats.generated_tokens} tokens", f"drafter {stats.drafter}"]
+    if stats.tokens_per_s:
+        parts.append(f"{stats.tokens_per_s:.1f} tok/s")
+    if stats.acceptance_rate is not None:
+        parts.append(f"acceptance {stats.acceptance_rate:.0%}")
+    if stats.mean_accepted_length is not None:
+        parts.append(f"mean accepted length {stats.mean_accepted_length:.2f}")
+    if stats.speedup is not None:
+        parts.append(f"speed-up {stats.speedup:.2f}x vs target alone")
+    if stats.note:
+        parts.append(stats.note)
+    return "[" + ", ".join(parts) + "]"
+
+
+def checked_text(text: str, where: str) -> str:
+    """The user's text, refused with one readable line when a model or the store could not take it."""
+    from engine.errors import InvalidTextError
+    from engine.store.records import check_text
+
+    try:
+        check_text(text, where)
+    except InvalidTextError:
+        raise InvalidTextError(f"{where} is not valid UTF-8 text; send it as UTF-8.") from None
+    if "\x00" in text:
+        raise InvalidTextError(
+            f"{where} holds a NUL character (\\0 at position {text.index(chr(0))}); remove it."
+        )
+    return text
+
+
+def read_line() -> str | None:
+    """The next line the user types or pipes in; None at the end of input."""
+    from engine.errors import InvalidTextError
+
+    try:
+        return input("\n> ")
+    except EOFError:
+        return None
+    except UnicodeDecodeError:
+        raise InvalidTextError("Standard input is not valid UTF-8 text; send it as UTF-8.") from None

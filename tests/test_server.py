@@ -530,3 +530,17 @@ def test_kill_9_of_the_server_mid_stream_keeps_the_reply_as_interrupted(tmp_path
         assistant = store.thread(conversation.id)[-1]
         assert assistant.status == "interrupted"
         assert assistant.content and (printed + rest).strip().startswith(assistant.content.strip())
+
+
+def test_stop_strings_end_the_reply_before_them(client):
+    full = client.post("/v1/chat/completions", json=chat_body(max_tokens=16, temperature=0)).json()
+    text = full["choices"][0]["message"]["content"]
+    assert len(text) > 6
+    stop = text[3:6]
+    cut = client.post(
+        "/v1/chat/completions", json=chat_body(max_tokens=16, temperature=0, stop=[stop])
+    ).json()
+    assert cut["choices"][0]["message"]["content"] == text[: text.index(stop)]
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    bad = client.post("/v1/chat/completions", json=chat_body(stop=[1, 2]))
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop"

@@ -54,6 +54,10 @@ def add_chat_parser(subparsers) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT",
+        help="end the reply before this text (repeat for several)",
+    )  # fmt: skip
     parser.add_argument("--system", default=None, help="system prompt")
     parser.add_argument(
         "--message",
@@ -102,6 +106,7 @@ def sampling_from_args(args) -> SamplingSettings:
         top_p=args.top_p,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
+        stop=tuple(getattr(args, "stop", None) or ()),
     )
     settings.validate()
     return settings
@@ -135,7 +140,7 @@ def draft_spec_for(args, speculation: SpeculationSettings) -> str | None:
     """What load_pair loads: the named draft, a quantized copy (None; auto drafts with it too) or none."""
     if speculation.drafter == "model":
         return args.draft
-    return "none" if speculation.drafter in ("suffix", "head") else None
+    return "none" if speculation.drafter in ("suffix", "head", "ngram", "none") else None
 
 
 def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSettings):
@@ -173,15 +178,7 @@ def print_kernel_notes(target, draft) -> None:
             print(f"{role} ({loaded.info['precision']}): {loaded.info['quantization_note']}", file=sys.stderr)
 
 
-
-
-
-
 SAVE_RETRY_S = 5.0  # how often a reply that could not be saved (full disk) is saved again
-
-
-
-
 
 
 def cut_notice(finished: Finished, sampling: SamplingSettings, context_length: int) -> str | None:

@@ -28,8 +28,9 @@ def format_stats(finished: Finished) -> str:
         parts.append(f"acceptance {stats.acceptance_rate:.0%}")
     if stats.mean_accepted_length is not None:
         parts.append(f"mean accepted length {stats.mean_accepted_length:.2f}")
-    if stats.speedup is not None:
-        parts.append(f"speed-up {stats.speedup:.2f}x vs target alone")
+    # the same rule as the app's panel: no speed-up claim for a reply that kept no draft token
+    if stats.speedup is not None and stats.accepted > 0:
+        parts.append(f"speed-up {stats.speedup_text()} vs target alone")
     if stats.note:
         parts.append(stats.note)
     return "[" + ", ".join(parts) + "]"

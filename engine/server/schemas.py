@@ -19,7 +19,6 @@ IGNORED_FIELDS = {"user", "metadata", "store", "service_tier", "parallel_tool_ca
 # fields accepted only at their neutral value (null, false, 0, 1 or empty)
 NEUTRAL_FIELDS = {
     "n": (None, 1),
-    "stop": (None, [], ""),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "frequency_penalty": (None, 0, 0.0),
@@ -32,7 +31,7 @@ NEUTRAL_FIELDS = {
 }
 SUPPORTED_FIELDS = {
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-    "temperature", "top_p", "top_k", "seed",
+    "temperature", "top_p", "top_k", "seed", "stop",
 }  # fmt: skip
 
 
@@ -103,8 +102,19 @@ def parse_chat_request(body, model_name: str, defaults: SamplingSettings) -> Cha
         if max_tokens is None
         else _checked_int("max_tokens", max_tokens, 1),
         seed=defaults.seed if seed is None else _checked_int("seed", seed, -(2**63)),
+        stop=_stop_strings(body.get("stop")),
     )
     return ChatRequest(model, messages, stream, bool(options.get("include_usage")), sampling)
+
+
+def _stop_strings(value) -> tuple[str, ...]:
+    """OpenAI's `stop`: null, one string, or a list of up to 4 strings."""
+    if value is None or value == "":
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or len(items) > 4 or not all(isinstance(s, str) for s in items):
+        raise ApiError(400, "'stop' must be a string or a list of at most 4 strings.", param="stop")
+    return tuple(s for s in items if s)
 
 
 def _messages(value) -> list[dict]:

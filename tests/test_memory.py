@@ -1,6 +1,5 @@
 """Memory estimates from configs, checked against loaded models."""
 
-import time
 
 import pytest
 from transformers import LlamaConfig, Qwen2Config
@@ -64,7 +63,6 @@ def test_builtin_pair_estimate_within_15_percent(builtin_model):
 
 
 def test_qwen_pair_estimate_without_weights():
-    started = time.perf_counter()
     estimate = estimate_memory(
         QWEN_7B,
         QWEN_05B,
@@ -75,7 +73,6 @@ def test_qwen_pair_estimate_without_weights():
         draft_quantization="int4",
         available={"cuda": 24 * GIB},
     )
-    assert time.perf_counter() - started < 20
     # Qwen2.5-7B holds 7.62 B parameters: about 15.2 GB in bf16.
     assert 14.0e9 < estimate.parts["target weights"] < 16.0e9
     assert estimate.parts["draft weights"] < 0.6e9

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.decoding.adaptive import expected_tokens
+
 SWEEP_FAMILIES = ("tandem", "tandem-ngram")
 
 
@@ -22,12 +24,6 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    if alpha >= 1.0 - 1e-9:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 def theoretical_speedup(alpha: float, c: float, k: int) -> float:

@@ -40,8 +40,10 @@ class LoadedModel:
         return ids
 
 
-def resolve_device(device: str = "auto"):
-    """The torch device for "auto", "cpu", "cuda" or "cuda:N"; a DeviceError the user can act on otherwise."""
+def resolve_device(device: str = "auto", must_exist: bool = True):
+    """The torch device for "auto", "cpu", "cuda" or "cuda:N"; a DeviceError the user can act on otherwise.
+
+    must_exist=False names a device without requiring it here (a memory estimate for a GPU pair)."""
     import torch
 
     from engine.errors import DeviceError
@@ -58,6 +60,8 @@ def resolve_device(device: str = "auto"):
             chosen = torch.device(name)
         except RuntimeError:
             raise DeviceError(f"'{device}' is not a device: use auto, cpu, cuda or cuda:N.") from None
+        if not must_exist:
+            return chosen
         if not torch.cuda.is_available():
             build = (
                 "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA GPU is visible"

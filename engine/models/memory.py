@@ -225,8 +225,10 @@ def estimate_memory(
     """Weights and KV caches of both models against free memory, from configs alone."""
     from engine.models.loaded import resolve_device
 
-    device = str(resolve_device(device))
-    draft_device = str(resolve_device(draft_device)) if draft_device else device
+    # an estimate may be for a GPU this machine lacks: the caller passes what is available there
+    must_exist = available is None
+    device = str(resolve_device(device, must_exist))
+    draft_device = str(resolve_device(draft_device, must_exist)) if draft_device else device
     parts: dict[str, int] = {}
     devices: dict[str, str] = {}
 

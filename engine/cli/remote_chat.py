@@ -22,7 +22,7 @@ def api_key_from_args(args) -> str | None:
         if not key:
             raise SettingsError(f"The environment variable {args.api_key_env} holds no API key.")
         return key
-    from engine.cli.remote_chatent import normalize_base_url
+    from engine.remote.client import normalize_base_url
     from engine.remote.credentials import load_api_key
 
     return load_api_key(normalize_base_url(args.server))
@@ -30,8 +30,8 @@ def api_key_from_args(args) -> str | None:
 
 def run_remote_chat(args, sampling: SamplingSettings, recorder) -> int:
     """The chat loop of engine.cli.chat against a server; `recorder` is its ConversationRecorder or None."""
-    from engine.cli.remote_chatent import RemoteEngine
     from engine.cli.terminal import TerminalPrinter, checked_text, format_stats, read_line
+    from engine.remote.client import RemoteEngine
 
     remote = RemoteEngine(
         args.server, api_key_from_args(args), getattr(args, "server_model", None), sampling=sampling

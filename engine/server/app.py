@@ -167,14 +167,20 @@ def create_app(
 
 
 async def _next(events: asyncio.Queue, request: Request, worker: EngineWorker, job: Job):
-    """The next event of `job`, cancelling it if the client goes away while we wait."""
+    """The next event of `job`, cancelling it if the client goes away while we wait.
+
+    The client is asked about at least every DISCONNECT_POLL_S, also while events arrive faster than
+    that (a fast reply would otherwise never notice a client that left)."""
     while True:
-        try:
-            return await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
-        except TimeoutError:
+        if time.monotonic() - job.disconnect_checked_at >= DISCONNECT_POLL_S:
+            job.disconnect_checked_at = time.monotonic()
             if await request.is_disconnected():
                 worker.cancel(job)
                 raise _ClientGone from None
+        try:
+            return await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            job.disconnect_checked_at = 0.0  # ask now
 
 
 async def _sse(

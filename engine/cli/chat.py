@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
-import threading
 import time
 
-from engine.cli.terminal import TerminalPrinter, checked_text, format_stats, read_line
+from engine.cli.terminal import TerminalPrinter, answer_turn, checked_text, format_stats, read_line
 from engine.errors import SettingsError
-from engine.events import Event, Finished, TextPiece
+from engine.events import Finished
 from engine.models.builtin import DEFAULT_TARGET
 from engine.settings import SamplingSettings, SpeculationSettings
 
@@ -232,29 +232,13 @@ def _chat(args, engine, sampling: SamplingSettings, recorder: ConversationRecord
         messages.append({"role": "user", "content": text})
         prompt_ids = engine.prompt_ids(messages)
         engine.check_fits(prompt_ids)  # before anything is stored: a refused message leaves no trace
-        reply = recorder.begin(text) if recorder else None
-
-        def on_event(event: Event, reply=reply) -> None:
-            printer(event)  # printed first: what the store holds is never ahead of the screen
-            if reply is not None and isinstance(event, TextPiece):
-                reply.append(event.text)
-
-        cancel = threading.Event()
-        try:
-            finished = engine.generate_ids(prompt_ids, on_event=on_event, cancel=cancel)
-        except KeyboardInterrupt:
-            cancel.set()
-            if reply is not None:
-                recorder.save(reply, "cancelled")
-            raise
-        except Exception:
-            if reply is not None:
-                recorder.save(reply, "error")
-            raise
-        print()
+        finished = answer_turn(
+            printer,
+            recorder,
+            text,
+            functools.partial(engine.generate_ids, prompt_ids),
+        )
         messages.append({"role": "assistant", "content": finished.text})
-        if reply is not None:
-            recorder.finish(reply, finished)
         notice = cut_notice(finished, sampling, engine.context_length)
         if notice:
             print(notice, file=sys.stderr)

@@ -6,12 +6,11 @@ model that answered; a reply whose stream broke off is stored as 'interrupted' w
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-import threading
 
 from engine.errors import SettingsError
-from engine.events import Event, TextPiece
 from engine.settings import SamplingSettings
 
 
@@ -30,7 +29,7 @@ def api_key_from_args(args) -> str | None:
 
 def run_remote_chat(args, sampling: SamplingSettings, recorder) -> int:
     """The chat loop of engine.cli.chat against a server; `recorder` is its ConversationRecorder or None."""
-    from engine.cli.terminal import TerminalPrinter, checked_text, format_stats, read_line
+    from engine.cli.terminal import TerminalPrinter, answer_turn, checked_text, format_stats, read_line
     from engine.remote.client import RemoteEngine
 
     remote = RemoteEngine(
@@ -54,29 +53,13 @@ def run_remote_chat(args, sampling: SamplingSettings, recorder) -> int:
         else:
             text = args.message
         messages.append({"role": "user", "content": text})
-        reply = recorder.begin(text) if recorder else None
-
-        def on_event(event: Event, reply=reply) -> None:
-            printer(event)  # printed first: what the store holds is never ahead of the screen
-            if reply is not None and isinstance(event, TextPiece):
-                reply.append(event.text)
-
-        cancel = threading.Event()
-        try:
-            finished = remote.respond(messages, on_event=on_event, cancel=cancel)
-        except KeyboardInterrupt:
-            cancel.set()
-            if reply is not None:
-                recorder.save(reply, "cancelled")
-            raise
-        except Exception:
-            if reply is not None:
-                recorder.save(reply, "error")
-            raise
-        print()
+        finished = answer_turn(
+            printer,
+            recorder,
+            text,
+            functools.partial(remote.respond, messages),
+        )
         messages.append({"role": "assistant", "content": finished.text})
-        if reply is not None:
-            recorder.finish(reply, finished)
         if finished.reason in ("interrupted", "error"):
             print(f"[{finished.reason}] {finished.stats.note}", file=sys.stderr)
         if args.stats:

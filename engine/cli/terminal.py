@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+from collections.abc import Callable
 
 from engine.events import Event, Failed, Finished, TextPiece
 
@@ -62,3 +64,33 @@ def read_line() -> str | None:
         return None
     except UnicodeDecodeError:
         raise InvalidTextError("Standard input is not valid UTF-8 text; send it as UTF-8.") from None
+
+
+def answer_turn(printer, recorder, text: str, generate: Callable) -> Finished:
+    """One reply of a terminal chat, local or remote: printed as it streams and, with a recorder,
+    stored as it streams; Ctrl+C stores it as cancelled, a failure as error.
+
+    `generate(on_event, cancel)` produces the reply."""
+    reply = recorder.begin(text) if recorder else None
+
+    def on_event(event: Event) -> None:
+        printer(event)  # printed first: what the store holds is never ahead of the screen
+        if reply is not None and isinstance(event, TextPiece):
+            reply.append(event.text)
+
+    cancel = threading.Event()
+    try:
+        finished = generate(on_event, cancel)
+    except KeyboardInterrupt:
+        cancel.set()
+        if reply is not None:
+            recorder.save(reply, "cancelled")
+        raise
+    except Exception:
+        if reply is not None:
+            recorder.save(reply, "error")
+        raise
+    print()
+    if reply is not None:
+        recorder.finish(reply, finished)
+    return finished

@@ -242,6 +242,9 @@ class ChatEngine:
             return self._head_drafter(), note
         if kind == "auto":
             members = [self._ngram_drafter(speculation), self._suffix, *self.extra_drafters]
+            head = self._fitting_head()
+            if head is not None:
+                members.append(head)
             if self._model_drafter is not None:
                 members.append(self._model_drafter)
             return AutoDrafter(members), note
@@ -254,6 +257,15 @@ class ChatEngine:
 
             self._head = (self.head_source, head_drafter(self.target, self._runner, self.head_source))
         return self._head[1]
+
+    def _fitting_head(self) -> Drafter | None:
+        """The draft head for `auto`, when one fits this target (shipped or head_source); else None."""
+        from engine.errors import IncompatibleDraftError
+
+        try:
+            return self._head_drafter()
+        except IncompatibleDraftError:  # none ships for this target, or it was trained for another
+            return None
 
     def _ngram_drafter(self, speculation: SpeculationSettings) -> NgramDrafter:
         sizes = (speculation.ngram_min, speculation.ngram_max)

@@ -258,3 +258,26 @@ def test_quantized_draft_runs_eagerly_with_notice(make_tiny):
     reference = replay(ModelRunner(quantized), PROMPT)
     for expected, actual in zip(reference, replay(fast, PROMPT), strict=True):
         assert (actual - expected).abs().mean() < 0.05 * expected.abs().mean()
+
+
+def test_static_buffers_hold_the_models_whole_context(make_tiny):
+    """A conversation past 2048 tokens runs on the fast path, as far as the model's own context."""
+    from engine.runtime.fastpath import KV_BUFFER_BYTES, cache_tokens_for
+
+    loaded = make_tiny(seed=5)
+    loaded.model.config.max_position_embeddings = 4096
+    fast = FastRunner(loaded.model, compiled="off")
+    assert fast.context_length == 4096
+    long_prompt = [(17 * i) % 4000 + 5 for i in range(3000)]
+    assert greedy(fast, long_prompt, steps=4) == greedy(ModelRunner(loaded.model), long_prompt, steps=4)
+    # a context whose KV buffers would not fit the budget gets as many tokens as fit
+    config = loaded.model.config
+    config.max_position_embeddings = 10**9
+    per_token = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * (config.hidden_size // config.num_attention_heads)
+        * 4
+    )
+    assert cache_tokens_for(config) == KV_BUFFER_BYTES // per_token

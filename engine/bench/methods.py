@@ -274,9 +274,10 @@ def decode_answer(tokenizer, token_ids: list[int]) -> str:
 
 def build_runners(
     methods: list[Method], target, draft, draft_kind: str, sampling, hf: HFSettings, max_k: int = 8,
-    compiled: str = "auto",
+    compiled: str = "auto", head_source: str | None = None,
 ):  # fmt: skip
-    """draft_kind: 'model', 'ngram' or 'none', what --draft asked for."""
+    """draft_kind: 'model', 'ngram', 'head' or 'none', what --draft asked for; head_source: the folder
+    of `--draft head:DIR` (None: the shipped head)."""
     from engine.settings import SpeculationSettings
 
     drafters = {
@@ -293,6 +294,7 @@ def build_runners(
                 engine = ChatEngine(
                     target, draft if draft_kind == "model" else None, sampling=sampling, compiled=compiled
                 )
+                engine.head_source = head_source
                 engine.prepare()
             speculation = SpeculationSettings(drafter=drafters[method.kind], k=method.k, max_k=max_k)
             runners.append(TandemRunner(method, engine, speculation))

@@ -67,7 +67,16 @@ def add_bench_parser(subparsers) -> None:
 
 def draft_kind(draft_arg: str | None) -> str:
     value = (draft_arg or "").lower()
-    return value if value in ("ngram", "none", "head") else "model"
+    if value == "head" or value.startswith("head:"):
+        return "head"
+    return value if value in ("ngram", "none") else "model"
+
+
+def head_source(draft_arg: str | None) -> str | None:
+    """The folder of `--draft head:DIR`; None for the shipped head (or no head)."""
+    if draft_kind(draft_arg) == "head" and ":" in draft_arg:
+        return draft_arg.split(":", 1)[1]
+    return None
 
 
 def chosen_method_kinds(args) -> list[str]:
@@ -224,7 +233,15 @@ def run_bench(args) -> int:
 
     target, draft = load_models(args, methods)
     runners = bench_methods.build_runners(
-        methods, target, draft, draft_kind(args.draft), sampling, hf, args.max_k, compiled=args.compiled
+        methods,
+        target,
+        draft,
+        draft_kind(args.draft),
+        sampling,
+        hf,
+        args.max_k,
+        compiled=args.compiled,
+        head_source=head_source(args.draft),
     )
     total = len(runners) * (args.warmup + len(prompts))
     with tqdm(total=total, file=sys.stderr, unit="run", leave=False) as bar:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.loaded import context_length_of
+from engine.models.loaded import DEFAULT_CONTEXT, context_length_of
 from engine.runtime.eager import ModelRunner
 from engine.runtime.protocol import Runner
 
@@ -144,6 +144,21 @@ class FastLlama(nn.Module):
         return attn.o_proj(y)  # [1, T, C]
 
 
+KV_BUFFER_BYTES = 2 * 1024**3  # the static KV buffers' budget when the model's own context needs more
+
+
+def cache_tokens_for(config, dtype_bytes: int = 4) -> int:
+    """Tokens of static KV buffer for a model: its whole context when that fits KV_BUFFER_BYTES (at
+    fp32), else as many as fit, but never fewer than DEFAULT_CONTEXT. The eager path attends only over
+    the written slots, so a long buffer costs memory, not time."""
+    limit = context_length_of(config)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+    return min(limit, max(DEFAULT_CONTEXT, KV_BUFFER_BYTES // per_token))
+
+
 def causal_mask(input_pos: Tensor, window: int) -> Tensor:
     """[T, window] bool: row t may attend to slots 0..input_pos[t]."""
     slots = torch.arange(window, device=input_pos.device)
@@ -184,8 +199,7 @@ class FastRunner(ModelRunner):
         compile_mode: str | None = None,
     ):
         super().__init__(model, device)
-        limit = context_length_of(model.config)
-        self.max_seq_length = min(max_seq_length or 2048, limit)
+        self.max_seq_length = max_seq_length or cache_tokens_for(model.config)
         self.context_length = self.max_seq_length
         self.fast = FastLlama(model, self.max_seq_length).eval()
         self.prefill_chunk = prefill_chunk
@@ -226,8 +240,7 @@ class FastRunner(ModelRunner):
         ids = self._as_ids(new_ids)
         self._begin_capture()
         rows = [
-            self._forward_ids(ids[s : s + self._chunk_size])
-            for s in range(0, ids.numel(), self._chunk_size)
+            self._forward_ids(ids[s : s + self._chunk_size]) for s in range(0, ids.numel(), self._chunk_size)
         ]
         self._end_capture()
         return rows[0] if len(rows) == 1 else torch.cat(rows)

@@ -49,6 +49,9 @@ class SpeculationSettings:
     # with min 2, for nearly the same tokens per round), and wrong tokens still cost verify time.
     ngram_max: int = 4
     ngram_min: int = 2
+    # verify a drafter's other candidates in the same forward where the measured cost allows
+    # (engine.decoding.tree); runners without tree attention verify chains
+    trees: bool = True
 
     @property
     def adaptive(self) -> bool:

@@ -30,6 +30,11 @@ class GenerationStats:
     # rounds whose every draft token was thrown away; verify positions run as padding (cheaper sizes)
     wasted_rounds: int = 0
     padded_tokens: int = 0
+    # token trees (engine.decoding.tree): rounds verified as a tree, the extra nodes they held, and
+    # the rounds whose accepted path went through one of those nodes
+    tree_rounds: int = 0
+    tree_nodes: int = 0
+    off_chain_rounds: int = 0
     # plain steps inside this reply and their total seconds: the target alone, in the same conditions
     plain_steps: int = 0
     plain_step_time_s: float = 0.0

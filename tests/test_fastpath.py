@@ -262,7 +262,7 @@ def test_quantized_draft_runs_eagerly_with_notice(make_tiny):
 
 def test_static_buffers_hold_the_models_whole_context(make_tiny):
     """A conversation past 2048 tokens runs on the fast path, as far as the model's own context."""
-    from engine.runtime.fastpath import KV_BUFFER_BYTES, cache_tokens_for
+    from engine.models.memory import KV_BUFFER_BYTES, cache_tokens_for
 
     loaded = make_tiny(seed=5)
     loaded.model.config.max_position_embeddings = 4096

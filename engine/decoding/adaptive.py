@@ -21,6 +21,7 @@ from engine.settings import SpeculationSettings
 
 # Before two sizes are measured, assume each extra token verified adds this fraction of a single step.
 PRIOR_COST_PER_EXTRA_TOKEN = 0.35
+MAX_TREE_SIZE = 32  # tokens in one tree verify forward, however flat the cost curve
 
 
 class VerifyCostCurve:
@@ -77,6 +78,15 @@ class VerifyCostCurve:
         larger = [m for m in self.seconds if m > n and (limit is None or m <= limit)]
         cheaper = [m for m in larger if self.seconds[m] < self.PAD_GAIN * raw]
         return min(cheaper, key=lambda m: (self.seconds[m], m)) if cheaper else n
+
+    def widest_at_cost(self, n: int, limit: int, slack: float = 0.03) -> int:
+        """The largest measured size up to `limit` whose forward costs at most (1 + slack) times the
+        cheapest way to verify n tokens: how wide a token tree may grow for free."""
+        price = self.estimate(n)
+        if price is None:
+            return n
+        free = [m for m in self.seconds if n < m <= limit and self.seconds[m] <= (1 + slack) * price]
+        return max(free, default=n)
 
     def estimate(self, n: int) -> float | None:
         """t(n), kept physically sane so that one noisy measurement cannot mislead adaptive K: never
@@ -273,6 +283,7 @@ class Plan:
     k: int
     condition: Hashable = None
     verify_size: int = 1
+    tree_size: int = 1  # tokens a verify forward may hold when the drafter adds a tree's other branches
 
     @property
     def drafter_name(self) -> str:
@@ -341,8 +352,12 @@ class DraftPlanner:
         drafter, controller = member
         if k <= 0:
             return Plan(None, None, 0, None, 1)
-        size = self.curve.padded_size(k + 1, limit=limit + 1) if controller.speculation.adaptive else k + 1
-        return Plan(drafter, controller, k, condition, size)
+        adaptive = controller.speculation.adaptive
+        size = self.curve.padded_size(k + 1, limit=limit + 1) if adaptive else k + 1
+        tree_size = size
+        if controller.speculation.trees:  # a tree adds no emitted depth: only the cache must hold it
+            tree_size = max(size, self.curve.widest_at_cost(k + 1, limit=MAX_TREE_SIZE))
+        return Plan(drafter, controller, k, condition, size, tree_size)
 
     def _plan_among(self, context: list[int], limit: int) -> Plan:
         options: list[_Option] = []

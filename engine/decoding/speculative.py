@@ -30,6 +30,7 @@ from engine.decoding.sampling import (
     sample,
 )
 from engine.decoding.stop import StopMatcher
+from engine.decoding.tree import verify_tree
 from engine.events import Event, Finished, RoundStats, TextPiece, TokenSpan
 from engine.runtime.eager import ModelRunner
 from engine.settings import SamplingSettings, SpeculationSettings
@@ -45,6 +46,8 @@ class RoundResult:
     verify_s: float
     catch_up_s: float = 0.0  # part of draft_s spent reading skipped tokens, not drafting
     verify_size: int = 1  # tokens the verify forward ran: drafted + 1, or more when padded
+    tree_nodes: int = 0  # nodes off the main branch verified with it (0: a chain round)
+    off_chain: bool = False  # the accepted path left the main branch
 
 
 def make_generator(sampling: SamplingSettings, device) -> torch.Generator:
@@ -75,6 +78,7 @@ def speculative_round(
     *,
     verify_size: int | None = None,
     noise: PositionNoise | None = None,
+    tree_size: int | None = None,
 ) -> RoundResult:
     # 1. Draft up to k tokens (k = 0 or no drafter: a plain decoding step).
     start = time.perf_counter()
@@ -89,10 +93,29 @@ def speculative_round(
             drafter.update([])
         raise Cancelled
 
+    # 2a. A token tree: the draft plus the drafter's other candidates, where the plan gives room.
+    drafted = len(draft)
+    if (
+        drafting
+        and drafted
+        and tree_size
+        and tree_size > drafted + 1
+        and getattr(target, "supports_trees", False)
+    ):
+        tree = drafter.tree(context, draft.tokens.tolist(), tree_size - 1)
+        if tree is not None:
+            outcome, _ = verify_tree(target, tree, context, sampling, generator, noise)
+            verified_at = time.perf_counter()
+            drafter.update(outcome.accepted)
+            return RoundResult(
+                outcome.accepted + [outcome.next_token], drafted, len(outcome.accepted), drafted_at - start,
+                verified_at - drafted_at, drafter.catch_up_s, len(tree) + 1, len(tree) - drafted,
+                any(node >= tree.chain_length for node in outcome.path),
+            )  # fmt: skip
+
     # 2. Verify: one target forward over the last context token and the draft tokens, padded to
     #    `verify_size` when the cost curve says a larger forward is cheaper here (the padding rows
     #    come after every real row, so causal attention keeps them out of the real rows' logits).
-    drafted = len(draft)
     size = verify_size if verify_size is not None and drafted == k else drafted + 1
     size = max(size, drafted + 1)
     last_token = torch.tensor([context[-1]], dtype=torch.long, device=target.device)
@@ -273,7 +296,7 @@ def generate(
         try:
             result = speculative_round(
                 target, plan.drafter, context, plan.k, sampling, generator, cancel,
-                verify_size=plan.verify_size, noise=noise,
+                verify_size=plan.verify_size, noise=noise, tree_size=plan.tree_size,
             )  # fmt: skip
         except Cancelled:
             return finish("cancelled")
@@ -307,7 +330,12 @@ def record_round(stats: GenerationStats, planner: DraftPlanner, plan: Plan, resu
     stats.drafted += result.drafted
     stats.accepted += result.num_accepted
     stats.accepted_lengths.append(result.num_accepted + 1)
-    stats.padded_tokens += result.verify_size - result.drafted - 1
+    if result.tree_nodes:
+        stats.tree_rounds += 1
+        stats.tree_nodes += result.tree_nodes
+        stats.off_chain_rounds += result.off_chain
+    else:
+        stats.padded_tokens += result.verify_size - result.drafted - 1
     if result.drafted and not result.num_accepted:
         stats.wasted_rounds += 1
     for position in range(result.drafted):

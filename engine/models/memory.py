@@ -149,6 +149,19 @@ def kv_cache_bytes(config, context_length: int, dtype: Any = "float32", device: 
     return 2 * config.num_hidden_layers * kv_heads * head_dim * context_length * element_size
 
 
+KV_BUFFER_BYTES = 2 * 1024**3  # static KV buffers' budget when the model's own context needs more
+
+
+def cache_tokens_for(config) -> int:
+    """Tokens of static KV buffer for a model: its whole context when that fits KV_BUFFER_BYTES at
+    fp32, else as many as fit, never fewer than DEFAULT_CONTEXT. The eager fast path attends only
+    over the written slots, so a long buffer costs memory, not time."""
+    from engine.models.loaded import DEFAULT_CONTEXT, context_length_of
+
+    limit = context_length_of(config)
+    return min(limit, max(DEFAULT_CONTEXT, KV_BUFFER_BYTES // kv_cache_bytes(config, 1)))
+
+
 def available_memory_bytes(device: str = "cpu") -> int:
     """Free GPU memory (CUDA) or MemAvailable from /proc/meminfo (CPU)."""
     import torch

@@ -17,6 +17,8 @@ from engine.models.loaded import context_length_of
 
 
 class ModelRunner:
+    supports_trees = False  # no tree attention on a DynamicCache: chains only (see FastRunner)
+
     def __init__(self, model, device: torch.device | None = None):
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device

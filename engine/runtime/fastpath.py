@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.loaded import DEFAULT_CONTEXT, context_length_of
+from engine.models.memory import cache_tokens_for
 from engine.runtime.eager import ModelRunner
 from engine.runtime.protocol import Runner
 
@@ -102,8 +102,10 @@ class FastLlama(nn.Module):
         self.register_buffer("rope_cos", cos[0].to(dtype), persistent=False)  # [S, D]
         self.register_buffer("rope_sin", sin[0].to(dtype), persistent=False)
 
-    def forward(self, ids: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
-        # ids: [1, T], input_pos: [T], mask: [T, W] bool (True = may attend)
+    def forward(self, ids: Tensor, input_pos: Tensor, mask: Tensor, slots: Tensor | None = None) -> Tensor:
+        # ids: [1, T], input_pos: [T] (RoPE positions), mask: [T, W] bool (True = may attend),
+        # slots: [T] KV slots to write (default input_pos; a token tree writes siblings at one position)
+        slots = input_pos if slots is None else slots
         cos = self.rope_cos[input_pos]  # [T, D]
         sin = self.rope_sin[input_pos]
         x = self.embed_tokens(ids)  # [1, T, C]
@@ -111,9 +113,7 @@ class FastLlama(nn.Module):
         for index, (layer, kv_cache) in enumerate(zip(self.layers, self.kv_caches, strict=True)):
             if index in self.capture:
                 features[index] = x
-            x = x + self.attention(
-                layer.self_attn, layer.input_layernorm(x), kv_cache, input_pos, cos, sin, mask
-            )
+            x = x + self.attention(layer.self_attn, layer.input_layernorm(x), kv_cache, slots, cos, sin, mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.norm(x)
         if self.capture:
@@ -121,7 +121,7 @@ class FastLlama(nn.Module):
             self.captured = torch.cat([features[i][0] for i in self.capture], dim=-1)  # [T, F*C]
         return self.lm_head(x)  # [1, T, V]
 
-    def attention(self, attn, x, kv_cache, input_pos, cos, sin, mask) -> Tensor:
+    def attention(self, attn, x, kv_cache, slots, cos, sin, mask) -> Tensor:
         _, T, _ = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         G, W = H // KV, mask.shape[-1]
@@ -134,7 +134,7 @@ class FastLlama(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
 
-        k_all, v_all = kv_cache.update(input_pos, k, v)  # [1, KV, S, D]
+        k_all, v_all = kv_cache.update(slots, k, v)  # [1, KV, S, D]
         k_all, v_all = k_all[:, :, :W], v_all[:, :, :W]  # [1, KV, W, D]
         # Grouped-query attention without repeating K/V: the G query heads that share a KV head
         # (heads kv*G .. kv*G+G-1, as in transformers' repeat_kv) become G*T query rows.
@@ -142,21 +142,6 @@ class FastLlama(nn.Module):
         y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask.repeat(G, 1))  # [1, KV, G*T, D]
         y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
         return attn.o_proj(y)  # [1, T, C]
-
-
-KV_BUFFER_BYTES = 2 * 1024**3  # the static KV buffers' budget when the model's own context needs more
-
-
-def cache_tokens_for(config, dtype_bytes: int = 4) -> int:
-    """Tokens of static KV buffer for a model: its whole context when that fits KV_BUFFER_BYTES (at
-    fp32), else as many as fit, but never fewer than DEFAULT_CONTEXT. The eager path attends only over
-    the written slots, so a long buffer costs memory, not time."""
-    limit = context_length_of(config)
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * dtype_bytes
-    return min(limit, max(DEFAULT_CONTEXT, KV_BUFFER_BYTES // per_token))
 
 
 def causal_mask(input_pos: Tensor, window: int) -> Tensor:
@@ -244,6 +229,47 @@ class FastRunner(ModelRunner):
         ]
         self._end_capture()
         return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    supports_trees = True
+
+    @torch.inference_mode()
+    def forward_tree(self, ids, parents: list[int]) -> Tensor:
+        """A token tree in one forward: ids [n] (ids[0] the last context token, parents[0] = -1, every
+        other parent an earlier index). Node i sits at position cache_length + depth(i) and attends to
+        the cache and its own ancestors. Returns logits [n, V]; the cache then holds all n nodes
+        until keep_path picks one root-to-node path."""
+        ids = self._as_ids(ids)
+        n, start = ids.numel(), self.cache_length
+        assert parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, n)), parents
+        assert start + n <= self.max_seq_length, (start, n, self.max_seq_length)
+        depth, ancestors = [0] * n, torch.eye(n, dtype=torch.bool, device=self.device)
+        for i in range(1, n):
+            depth[i] = depth[parents[i]] + 1
+            ancestors[i] |= ancestors[parents[i]]
+        mask = torch.cat([torch.ones((n, start), dtype=torch.bool, device=self.device), ancestors], dim=1)
+        positions = start + torch.tensor(depth, device=self.device)
+        slots = torch.arange(start, start + n, device=self.device)
+        self._begin_capture()
+        self.fast.capture = self.capture_hidden
+        logits = self.fast(ids.view(1, -1), positions, mask, slots)[0].float()  # [n, V]
+        self._tree = (start, self.fast.captured[:n] if self.capture_hidden else None)
+        self.cache_length = start + n
+        return logits
+
+    def keep_path(self, path: list[int]) -> None:
+        """After forward_tree: keep the nodes `path` (root first, each the parent of the next) as the
+        cache's next len(path) positions, and forget the other nodes."""
+        start, captured = self._tree
+        assert path[0] == 0 and start + len(path) <= self.cache_length, (path, start, self.cache_length)
+        source = torch.tensor(path, device=self.device) + start
+        target = torch.arange(start, start + len(path), device=self.device)
+        if not torch.equal(source, target):
+            for cache in self.fast.kv_caches:
+                for buffer in (cache.k_cache, cache.v_cache):
+                    buffer.index_copy_(2, target, buffer.index_select(2, source))
+        if captured is not None:
+            self.last_hidden = (start, captured[torch.tensor(path, device=captured.device)])
+        self.cache_length = start + len(path)
 
     def _begin_capture(self) -> None:
         self._captured_start, self._captured_pieces = self.cache_length, []
@@ -380,40 +406,6 @@ class FastRunner(ModelRunner):
 
     def _as_ids(self, ids) -> Tensor:
         return torch.as_tensor(ids, dtype=torch.long, device=self.device).view(-1)
-
-
-def benchmark(model, context: int = 200, sizes=(1, 5), repeats: int = 5, rounds: int = 4) -> dict:
-    """Median ms per forward of n new tokens after `context` tokens, for transformers, FastRunner
-    eager and FastRunner compiled, interleaved so that load from other processes hits all alike."""
-    import statistics
-
-    runners = {
-        "hf-eager": ModelRunner(model),
-        "fast-eager": FastRunner(model, compiled="off"),
-        "fast-compiled": FastRunner(model, compiled="auto", verify_sizes=[n for n in sizes if n > 1]),
-    }
-    prompt = torch.randint(0, runners["hf-eager"].vocab_size, (context,))
-    compile_seconds = {}
-    for name, runner in runners.items():
-        runner.reset()
-        runner.prefill(prompt)
-        if name == "fast-compiled":
-            begun = time.perf_counter()
-            runner.warm_up(sizes)
-            compile_seconds = {"warm_up_total": time.perf_counter() - begun, **runner.compile_seconds}
-    times: dict[tuple[str, int], list[float]] = {}
-    for _ in range(rounds):
-        for name, runner in runners.items():
-            for n in sizes:
-                ids = torch.randint(0, runner.vocab_size, (n,))
-                for _ in range(repeats):
-                    begun = time.perf_counter()
-                    runner.forward(ids)
-                    runner.synchronize()
-                    times.setdefault((name, n), []).append(time.perf_counter() - begun)
-                    runner.rollback(context)
-    ms = {f"{name} n={n}": 1000 * statistics.median(t) for (name, n), t in times.items()}
-    return {"ms": ms, "compile_s": compile_seconds, "notice": runners["fast-compiled"].notice}
 
 
 CPU_COMPILE_NOTICE = (

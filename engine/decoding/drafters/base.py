@@ -66,6 +66,12 @@ class Drafter:
     def propose(self, context: list[int], k: int) -> Draft:
         raise NotImplementedError
 
+    def tree(self, context: list[int], draft: list[int], budget: int):
+        """A token tree (engine.decoding.tree.DraftTree) whose main branch is `draft`, the last
+        proposal, plus alternatives this drafter knows, in at most `budget` nodes; None when it knows
+        none (the round verifies the chain)."""
+        return None
+
     def peek(self, context: list[int]) -> Lookahead:
         """Cheap: what the next proposal would be conditioned on. Model drafters know nothing in advance."""
         return Lookahead()

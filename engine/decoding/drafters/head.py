@@ -53,6 +53,7 @@ class HeadDrafter(Drafter):
         self._pending: list[tuple[int, Tensor, list[int]]] = []  # (start, features [n, F*C], sequence)
         self._last: tuple[int, Tensor] | None = None  # (position, out [C]) of the newest true entry
         self._drafted = 0
+        self._runners_up: list[Tensor] = []  # per draft depth: the head's first and second choice
         self.begin(SamplingSettings(), None)
 
     @property
@@ -95,12 +96,14 @@ class HeadDrafter(Drafter):
             return empty_draft(self.target_vocab_size, self.device)
         out = self._last[1]  # [C]
         logits = self.head.logits(out)  # [N]
-        tokens, probs = [], []
+        tokens, probs, runners_up = [], [], []
         for i in range(k):
             if self.p_min > 0 and self._confidence(logits) < self.p_min:
                 break
+            best_two = self.draft_ids[logits.topk(2).indices]  # [2]: the first and second choice
+            runners_up.append(best_two)
             if self.sampling.greedy:
-                token = self.draft_ids[logits.argmax()]  # []
+                token = best_two[0]  # []
             else:
                 draft_probs = probs_from_logits(logits.float(), self.sampling)  # [N]
                 full = torch.zeros(self.target_vocab_size, device=self.device)  # [V], zero outside the N ids
@@ -118,9 +121,25 @@ class HeadDrafter(Drafter):
                 out = self._step(out.view(1, -1), token.view(1), position + 1 + i)[-1]
                 logits = self.head.logits(out)
         self._drafted = len(tokens)
+        self._runners_up = runners_up
         if not tokens:
             return empty_draft(self.target_vocab_size, self.device)
         return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+
+    def tree(self, context: list[int], draft: list[int], budget: int):
+        """The draft, plus at each depth the head's best other token as a leaf, shallowest first
+        (the likeliest to be reached), within `budget` nodes."""
+        from engine.decoding.tree import DraftTree
+
+        if not draft or budget <= len(draft):
+            return None
+        tree = DraftTree.chain(draft)
+        choices = torch.stack(self._runners_up[: len(draft)]).tolist()  # [depth, 2]
+        for depth, (first, second) in enumerate(choices):
+            if len(tree) >= budget:
+                break
+            tree.add(second if first == draft[depth] else first, depth - 1)
+        return tree if len(tree) > len(draft) else None
 
     def update(self, accepted: list[int]) -> None:
         """Nothing to do: the next round's features overwrite the drafted entries."""

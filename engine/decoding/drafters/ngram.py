@@ -9,6 +9,7 @@ from engine.decoding.sampling import one_hot
 
 # how far back a match is followed to measure its length (the condition adaptive K uses)
 MAX_MATCH_LENGTH = 16
+EARLIER_KEPT = 3  # earlier occurrences per n-gram kept as a tree's other branches
 
 
 class NgramDrafter(Drafter):
@@ -26,6 +27,8 @@ class NgramDrafter(Drafter):
         self._seen: list[int] = []  # the context already indexed
         # n-gram -> index of the token after its latest occurrence
         self._latest: dict[tuple[int, ...], int] = {}
+        # n-gram -> followers of earlier occurrences that continued with another token, newest first
+        self._earlier: dict[tuple[int, ...], list[int]] = {}
 
     def peek(self, context: list[int]) -> Lookahead:
         """The match's length (how many tokens before the follower agree with the context's end)
@@ -48,12 +51,28 @@ class NgramDrafter(Drafter):
         tokens = torch.tensor(context[follower : follower + k], dtype=torch.long, device=self.device)
         return Draft(tokens, None if self.sampling.greedy else one_hot(tokens, self.vocab_size))
 
+    def tree(self, context: list[int], draft: list[int], budget: int):
+        """The draft, plus what followed the match's earlier occurrences where that differs."""
+        from engine.decoding.tree import DraftTree
+
+        key = self._matched_key(context)
+        if not draft or key is None or budget <= len(draft):
+            return None
+        tree = DraftTree.chain(draft)
+        for follower in self._earlier.get(key, ()):
+            tree.add_branch(context[follower : follower + len(draft)], -1, budget)
+        return tree if len(tree) > len(draft) else None
+
     def _match(self, context: list[int]) -> int | None:
+        key = self._matched_key(context)
+        return None if key is None else self._latest[key]
+
+    def _matched_key(self, context: list[int]) -> tuple[int, ...] | None:
         self._index(context)
         for n in range(min(self.ngram_max, len(context) - 1), self.ngram_min - 1, -1):
-            follower = self._latest.get(tuple(context[-n:]))
-            if follower is not None:
-                return follower
+            key = tuple(context[-n:])
+            if key in self._latest:
+                return key
         return None
 
     def _index(self, context: list[int]) -> None:
@@ -62,5 +81,14 @@ class NgramDrafter(Drafter):
             self.reset()
         for follower in range(max(len(self._seen), 1), len(context)):
             for n in range(self.ngram_min, min(self.ngram_max, follower) + 1):
-                self._latest[tuple(context[follower - n : follower])] = follower
+                key = tuple(context[follower - n : follower])
+                latest = self._latest.get(key)
+                if latest is not None and context[latest] != context[follower]:
+                    # an earlier occurrence that went on differently: a tree's other branch
+                    earlier = [
+                        latest,
+                        *(f for f in self._earlier.get(key, ()) if context[f] != context[latest]),
+                    ]
+                    self._earlier[key] = earlier[:EARLIER_KEPT]
+                self._latest[key] = follower
         self._seen = list(context)

@@ -124,6 +124,45 @@ class SuffixDrafter(Drafter):
         self._peeked = (key, tokens, first_length)
         return tokens, first_length
 
+    def tree(self, context: list[int], draft: list[int], budget: int):
+        """The draft, plus the other followers the index counts at its first step (each continued
+        by the index's own walk), within `budget` nodes."""
+        from engine.decoding.tree import DraftTree
+
+        if not draft or budget <= len(draft):
+            return None
+        tree = DraftTree.chain(draft)
+        start = list(context[-self.n_max :])
+        for token, share in self._ranked(start)[1:]:
+            if share < self.min_confidence / 2 or len(tree) >= budget:
+                break
+            branch, sequence = [token], (start + [token])[-self.n_max :]
+            while len(branch) < len(draft):
+                best = self._next(sequence)
+                if best is None or best[1] < self.min_confidence:
+                    break
+                branch.append(best[0])
+                sequence = (sequence + [best[0]])[-self.n_max :]
+            tree.add_branch(branch, -1, budget)
+        return tree if len(tree) > len(draft) else None
+
+    def _ranked(self, sequence: list[int]) -> list[tuple[int, float]]:
+        """Every follower of the longest known n-gram ending `sequence`, most frequent first: (token, share)."""
+        for n in range(min(self.n_max, len(sequence)), self.n_min - 1, -1):
+            scores = self._scores(tuple(sequence[-n:]))
+            if scores:
+                total = sum(scores.values())
+                return sorted(((t, c / total) for t, c in scores.items()), key=lambda x: -x[1])
+        return []
+
+    def _scores(self, key: tuple[int, ...]) -> dict[int, float]:
+        scores: dict[int, float] = {}
+        for token, count in self._local.get(key, {}).items():
+            scores[token] = scores.get(token, 0.0) + LOCAL_WEIGHT * count
+        for token, count in self._history.get(key, {}).items():
+            scores[token] = scores.get(token, 0.0) + count
+        return scores
+
     def _next(self, sequence: list[int]) -> tuple[int, float, int] | None:
         """The most frequent follower of the longest known n-gram ending `sequence`: (token, share, n)."""
         for n in range(min(self.n_max, len(sequence)), self.n_min - 1, -1):

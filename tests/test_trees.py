@@ -1,0 +1,162 @@
+"""Token trees: the tree forward against chains, the walk, greedy output and the sampled distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from engine.decoding.adaptive import DraftPlanner, KController, VerifyCostCurve
+from engine.decoding.drafters import NgramDrafter, SuffixDrafter
+from engine.decoding.speculative import generate
+from engine.decoding.tree import DraftTree, verify_tree, walk
+from engine.runtime.eager import ModelRunner
+from engine.runtime.fastpath import FastRunner
+from engine.settings import SamplingSettings, SpeculationSettings
+from tests.conftest import build_tiny_llama
+
+CONTEXT = [5, 9, 1, 12, 7, 3]
+
+
+def test_walk_follows_the_targets_choice_and_stops_at_the_first_miss():
+    tree = DraftTree.chain([10, 11, 12])
+    tree.add(20, -1)  # node 3: another first token
+    tree.add(21, 3)  # node 4, under it
+    choices = {0: 20, 4: 21, 5: 99}  # row = node + 1
+
+    outcome = walk(tree, lambda row, depth: choices[row])
+    assert outcome.accepted == [20, 21] and outcome.path == [3, 4] and outcome.next_token == 99
+    assert walk(tree, lambda row, depth: 42).accepted == []
+    assert tree.chain_length == 3 and tree.add(20, -1) is None  # one node per token under a parent
+
+
+def test_a_tree_forward_gives_every_path_the_logits_of_its_chain(make_tiny):
+    loaded = make_tiny(seed=7)
+    tree = DraftTree.chain([40, 41, 42])
+    tree.add_branch([50, 51], -1, budget=8)
+    tree.add_branch([43], 0, budget=8)  # under node 0 (token 40)
+    fast, chain = FastRunner(loaded.model, compiled="off"), FastRunner(loaded.model, compiled="off")
+    fast.prefill(CONTEXT[:-1])
+    logits = fast.forward_tree([CONTEXT[-1], *tree.tokens], [-1, *(p + 1 for p in tree.parents)])
+    for path in ([0, 1, 2], [3, 4], [0, 5]):
+        chain.reset()
+        chain.prefill(CONTEXT[:-1])
+        expected = chain.forward([CONTEXT[-1], *(tree.tokens[i] for i in path)])
+        torch.testing.assert_close(logits[[0, *(i + 1 for i in path)]], expected, atol=2e-5, rtol=1e-4)
+
+    # keeping a path that left the main branch leaves the cache as if that path had been fed as a chain
+    fast.keep_path([0, 4, 5])  # rows of the root, node 3 (50) and node 4 (51)
+    assert fast.cache_length == len(CONTEXT) + 2
+    chain.reset()
+    chain.prefill(CONTEXT + [50, 51])
+    torch.testing.assert_close(fast.forward([60, 61]), chain.forward([60, 61]), atol=2e-5, rtol=1e-4)
+
+
+def flat_planner(drafter, speculation) -> DraftPlanner:
+    """A cost curve on which a forward over up to 17 tokens costs what one costs (as on a GPU)."""
+    curve = VerifyCostCurve()
+    curve.seconds = {n: 0.01 for n in (1, 2, 3, 4, 5, 9, 17)}
+    return DraftPlanner([(drafter, KController(speculation, curve))], curve)
+
+
+LISTS = (
+    "Shopping list: red apples, green pears, ripe bananas. Second list: red apples, green grapes, "
+    "ripe plums. Third list: red apples,"
+)
+
+
+@pytest.mark.parametrize("drafter_class", [NgramDrafter, SuffixDrafter])
+def test_greedy_output_with_trees_is_the_targets(builtin_model, drafter_class):
+    """Lookups over text that repeats with variations: trees hold the other occurrences, and the
+    output stays the target's own greedy output token for token, with trees and without."""
+    tokenizer, model = builtin_model.tokenizer, builtin_model.model
+    prompt = tokenizer(LISTS)["input_ids"]
+    sampling = SamplingSettings(temperature=0.0, max_new_tokens=32)
+    reference = ModelRunner(model)
+    reference.reset()
+    expected, token = [], int(reference.prefill(prompt).argmax())
+    for _ in range(32):
+        expected.append(token)
+        token = int(reference.forward([token])[-1].argmax())
+
+    vocab = model.config.vocab_size
+    drafter = drafter_class(vocab, "cpu")
+    speculation = SpeculationSettings(drafter="ngram", k=4)
+    finished = generate(
+        FastRunner(model, compiled="off"), drafter, prompt, sampling, speculation, set(), tokenizer,
+        planner=flat_planner(drafter, speculation),
+    )  # fmt: skip
+    assert list(finished.token_ids) == expected
+    assert finished.stats.tree_rounds > 0 and finished.stats.tree_nodes >= finished.stats.tree_rounds
+
+    untreed = generate(
+        FastRunner(model, compiled="off"), drafter_class(vocab, "cpu"), prompt, sampling,
+        SpeculationSettings(drafter="ngram", k=4, trees=False), set(), tokenizer,
+        planner=flat_planner(drafter_class(vocab, "cpu"), SpeculationSettings(k=4, trees=False)),
+    )  # fmt: skip
+    assert list(untreed.token_ids) == expected and untreed.stats.tree_rounds == 0
+
+
+V_SMALL = 16
+
+
+def emitted_pairs(runs: int, builtin_tokenizer, broken: bool = False):
+    """`runs` tree rounds from one context at T = 0.7 (a tree of three first tokens, two with a second
+    token under them): the first two emitted tokens of each round, and the target's exact
+    distributions. `broken` walks into the first child whatever the target chose: a negative control."""
+    model = build_tiny_llama(builtin_tokenizer, seed=4, layers=2, vocab_size=V_SMALL)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.25)  # soft: many tokens carry mass
+    runner = FastRunner(model, compiled="off")
+    sampling = SamplingSettings(temperature=0.7)
+    generator = torch.Generator().manual_seed(3)
+    tree = DraftTree.chain([2, 5])
+    tree.add_branch([7, 1], -1, budget=8)
+    tree.add(11, -1)
+
+    def target_probs(ids):
+        with torch.no_grad():
+            return (model(input_ids=torch.tensor([ids])).logits[0, -1] / 0.7).softmax(-1).double()
+
+    first = target_probs(CONTEXT)
+    second = sum(first[d] * target_probs(CONTEXT + [d]) for d in range(V_SMALL))
+    runner.prefill(CONTEXT[:-1])
+    if broken:
+        import engine.decoding.tree as tree_module
+
+        real_walk = tree_module.walk
+        tree_module.walk = lambda t, choose: real_walk(
+            t, lambda row, depth: {0: 2, 1: 5}.get(row, choose(row, depth))
+        )
+    pairs = []
+    try:
+        for _ in range(runs):
+            outcome, _ = verify_tree(runner, tree, CONTEXT, sampling, generator, None)
+            emitted = outcome.accepted + [outcome.next_token]
+            if len(emitted) < 2:  # the second token comes from the next round, from a plain step
+                probs = (runner.forward([emitted[0]])[-1] / 0.7).softmax(-1)
+                emitted.append(int(torch.multinomial(probs, 1, generator=generator)))
+            pairs.append(emitted[:2])
+            runner.rollback(len(CONTEXT) - 1)
+    finally:
+        if broken:
+            tree_module.walk = real_walk
+    pairs = torch.tensor(pairs)
+    return pairs[:, 0], pairs[:, 1], first, second
+
+
+def p_value(samples, probs) -> float:
+    counts = torch.bincount(samples, minlength=V_SMALL).double()
+    expected = probs * counts.sum()
+    keep = expected > 0
+    return chisquare(
+        counts[keep].numpy(), (expected[keep] * counts[keep].sum() / expected[keep].sum()).numpy()
+    ).pvalue
+
+
+def test_sampling_through_a_tree_keeps_the_targets_distribution(builtin_tokenizer):
+    first, second, exact_first, exact_second = emitted_pairs(3000, builtin_tokenizer)
+    assert p_value(first, exact_first) > 1e-3 and p_value(second, exact_second) > 1e-3
+
+    broken_first, _, _, _ = emitted_pairs(3000, builtin_tokenizer, broken=True)
+    assert p_value(broken_first, exact_first) < 1e-3, "the test missed a walk that ignores the target"

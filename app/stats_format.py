@@ -38,6 +38,7 @@ SOURCES = {
     "tokens_per_s": ("decode_tokens_per_s", "tokens_per_s"),
     "ttft": ("ttft_s",),
     "time_split": ("draft_time_s", "verify_time_s"),
+    "trees": ("tree_rounds", "off_chain_rounds"),
     "speedup": ("speedup",),
 }
 # The engine words the fallback in its own notes too ("Speculation measured slower…", "…decoding
@@ -54,6 +55,7 @@ FIELDS = (
     ("tokens_per_s", "Decode speed"),
     ("ttft", "Time to first token"),
     ("time_split", "Draft / verify time"),
+    ("trees", "Token trees"),
     ("speedup", "Speed-up vs target"),
 )
 
@@ -121,6 +123,7 @@ def format_stats(stats: GenerationStats) -> dict[str, str]:
         "tokens_per_s": _number(tokens_per_second(stats), "{:.1f} tok/s"),
         "ttft": _number(stats.ttft_s, "{:.2f} s"),
         "time_split": _time_split(stats),
+        "trees": _trees(stats),
         "speedup": speedup_text(stats),
     }
     unreported = set(stats.unreported)
@@ -196,6 +199,12 @@ def _acceptance(stats: GenerationStats) -> str:
     if rate is None:
         return DASH
     return f"{rate:.0%} ({stats.accepted} of {stats.drafted} drafted)"
+
+
+def _trees(stats: GenerationStats) -> str:
+    if not stats.tree_rounds:
+        return DASH
+    return f"{stats.tree_rounds} of {stats.rounds} rounds, {stats.off_chain_rounds} won by a side branch"
 
 
 def _time_split(stats: GenerationStats) -> str:

@@ -30,6 +30,10 @@ def format_stats(finished: Finished) -> str:
         parts.append(f"acceptance {stats.acceptance_rate:.0%}")
     if stats.mean_accepted_length is not None:
         parts.append(f"mean accepted length {stats.mean_accepted_length:.2f}")
+    if stats.tree_rounds:
+        parts.append(
+            f"token trees in {stats.tree_rounds} rounds ({stats.off_chain_rounds} won by a side branch)"
+        )
     # the same rule as the app's panel: no speed-up claim for a reply that kept no draft token
     if stats.speedup is not None and stats.accepted > 0:
         parts.append(f"speed-up {stats.speedup_text()} vs target alone")

@@ -42,7 +42,7 @@ REPORTABLE = (
     "drafter", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
     "per_position_acceptance", "speedup", "target_step_time_s", "current_k", "k_history",
     "draft_time_s", "verify_time_s", "prefill_time_s", "prompt_tokens", "prefill_tokens",
-    "generated_tokens", "decode_tokens_per_s", "tokens_per_s",
+    "generated_tokens", "decode_tokens_per_s", "tokens_per_s", "tree_rounds", "off_chain_rounds",
 )  # fmt: skip
 FINISH_REASONS = {"stop": "eos", "length": "max_tokens", "eos": "eos"}
 STAT_FIELDS = {f.name for f in fields(GenerationStats)}

@@ -274,7 +274,7 @@ def decode_answer(tokenizer, token_ids: list[int]) -> str:
 
 def build_runners(
     methods: list[Method], target, draft, draft_kind: str, sampling, hf: HFSettings, max_k: int = 8,
-    compiled: str = "auto", head_source: str | None = None,
+    compiled: str = "auto", head_source: str | None = None, trees: bool = True,
 ):  # fmt: skip
     """draft_kind: 'model', 'ngram', 'head' or 'none', what --draft asked for; head_source: the folder
     of `--draft head:DIR` (None: the shipped head)."""
@@ -296,7 +296,9 @@ def build_runners(
                 )
                 engine.head_source = head_source
                 engine.prepare()
-            speculation = SpeculationSettings(drafter=drafters[method.kind], k=method.k, max_k=max_k)
+            speculation = SpeculationSettings(
+                drafter=drafters[method.kind], k=method.k, max_k=max_k, trees=trees
+            )
             runners.append(TandemRunner(method, engine, speculation))
         elif method.kind.startswith("llama-cpp"):
             from engine.bench.llama_cpp import LlamaCppRunner

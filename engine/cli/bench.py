@@ -33,6 +33,9 @@ def add_bench_parser(subparsers) -> None:
     )
     parser.add_argument("--max-k", type=int, default=8, help="largest K adaptive mode may choose")
     parser.add_argument(
+        "--trees", choices=["on", "off"], default="on", help="token trees for the Tandem methods (default on)"
+    )
+    parser.add_argument(
         "--methods",
         default=None,
         help=f"comma list from baseline, tandem, tandem-ngram, tandem-suffix, tandem-auto, hf-assisted, hf-lookup, hf-plain (default: {DEFAULT_METHODS})",
@@ -138,6 +141,7 @@ def bench_config(args, prompts_path, prompts, methods, k_values, hf: HFSettings)
         "device": args.device,
         "k": ["adaptive" if k is None else k for k in k_values],
         "max_k": args.max_k,
+        "trees": args.trees,
         "methods": [m.name for m in methods],
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -240,6 +244,7 @@ def run_bench(args) -> int:
         sampling,
         hf,
         args.max_k,
+        trees=args.trees == "on",
         compiled=args.compiled,
         head_source=head_source(args.draft),
     )

@@ -44,11 +44,19 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_trees_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trees", choices=["on", "off"], default="on",
+        help="verify a drafter's other candidates as a token tree where the measured cost allows (default on)",
+    )  # fmt: skip
+
+
 def add_chat_parser(subparsers) -> None:
     parser = subparsers.add_parser("chat", help="chat with a model in the terminal")
     add_model_options(parser)
     parser.add_argument("--k", default="adaptive", help="'adaptive' or a fixed draft length 1-16")
     parser.add_argument("--max-k", type=int, default=8)
+    add_trees_option(parser)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -94,7 +102,7 @@ def speculation_from_args(args) -> SpeculationSettings:
             raise SettingsError(
                 f"--k must be 'adaptive' or an integer from 1 to 16, not '{args.k}'."
             ) from None
-    settings = SpeculationSettings(drafter=drafter, k=k, max_k=args.max_k)
+    settings = SpeculationSettings(drafter=drafter, k=k, max_k=args.max_k, trees=args.trees == "on")
     settings.validate()
     return settings
 

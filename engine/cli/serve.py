@@ -16,7 +16,7 @@ from engine.errors import SettingsError
 
 
 def add_serve_parser(subparsers) -> None:
-    from engine.cli.chat import add_model_options
+    from engine.cli.chat import add_model_options, add_trees_option
 
     parser = subparsers.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     add_model_options(parser)
@@ -32,6 +32,7 @@ def add_serve_parser(subparsers) -> None:
     parser.add_argument("--max-queue", type=int, default=4, help="requests that may wait; more get 503")
     parser.add_argument("--k", default="adaptive", help="'adaptive' or a fixed draft length 1-16")
     parser.add_argument("--max-k", type=int, default=8)
+    add_trees_option(parser)
     parser.add_argument("--temperature", type=float, default=0.0, help="default for requests that give none")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)

@@ -161,7 +161,7 @@ def test_fixed_k_and_limit():
 
 
 def test_first_round_probes_before_anything_is_measured():
-    assert KController(SpeculationSettings(max_k=8), VerifyCostCurve()).choose(limit=100) == 4
+    assert KController(SpeculationSettings(max_k=8), VerifyCostCurve()).choose(limit=100) == KController.PROBE_K == 2
 
 
 def test_a_lookup_without_a_match_is_not_drafted():
@@ -313,3 +313,10 @@ def test_auto_with_only_losing_drafters_stays_plain():
         SyntheticDrafter("b", lambda rng, k, c: 0, 0.3),
     ]
     assert simulate(drafters) >= 0.99 * simulate(drafters, k=0)
+
+
+def test_a_break_even_costly_drafter_does_not_lose_through_its_probes():
+    """A quantized copy at acceptance 0.5 and c = 0.2 only breaks even at K = 1; probes that draft
+    far past that (or follow each other whenever one keeps a token) would lose about 14 %."""
+    drafter = lambda: [SyntheticDrafter("model", geometric_outcome(0.5), 0.2)]  # noqa: E731
+    assert simulate(drafter()) >= 0.97 * simulate(drafter(), k=0)

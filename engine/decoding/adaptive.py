@@ -21,7 +21,8 @@ from engine.settings import SpeculationSettings
 
 # Before two sizes are measured, assume each extra token verified adds this fraction of a single step.
 PRIOR_COST_PER_EXTRA_TOKEN = 0.35
-MAX_TREE_SIZE = 32  # tokens in one tree verify forward, however flat the cost curve
+MAX_TREE_SIZE = 32
+COSTLY_DRAFT_STEP = 0.25  # a draft step dearer than this share of a target step keeps its probes short  # tokens in one tree verify forward, however flat the cost curve
 
 
 class VerifyCostCurve:
@@ -163,7 +164,7 @@ class KController:
     helps costs almost nothing.
     """
 
-    PROBE_K = 4
+    PROBE_K = 2  # the first probe of a drafter nothing is known about
     MAX_PROBE_INTERVAL = 1024
     # K is chosen from an upper confidence bound on acceptance (z in AcceptanceModel.conditional):
     # what is measured often is judged by its figure, what is measured rarely gets the benefit of the doubt
@@ -231,7 +232,9 @@ class KController:
         return True
 
     def probe_k(self, best_k: int, cap: int) -> int:
-        return max(best_k, min(self.PROBE_K, cap))
+        """One position past the best K, so the next position gets measured too, while a probe that
+        loses costs little more than a plain step."""
+        return max(1, min(best_k + 1, cap))
 
     def observe(
         self,
@@ -250,7 +253,8 @@ class KController:
             return
         if self._probing:
             lost = accepted == 0
-            self._probe_interval = min(2 * self._probe_interval, self.MAX_PROBE_INTERVAL) if lost else 1
+            grown, shrunk = 2 * self._probe_interval, max(1, self._probe_interval // 4)
+            self._probe_interval = min(grown, self.MAX_PROBE_INTERVAL) if lost else shrunk
             self._probing = False
         self.acceptance.observe(drafted, accepted, condition)
         step = draft_s / drafted

@@ -214,7 +214,7 @@ def test_stream_chunks_carry_round_progress_and_final_stats(client):
         (chat_body(temperature=9), 400, None, "temperature"),
         (chat_body(messages=[]), 400, None, "messages"),
         (
-            chat_body(messages=[{"role": "user", "content": "word " * 3000}]),
+            chat_body(messages=[{"role": "user", "content": "word " * 9000}]),
             400,
             "context_length_exceeded",
             "messages",
@@ -244,7 +244,7 @@ def test_bad_requests_get_openai_error_objects(client, body, status, code, param
 
 
 def test_context_overflow_is_refused_before_streaming(client):
-    body = chat_body(messages=[{"role": "user", "content": "word " * 3000}], stream=True)
+    body = chat_body(messages=[{"role": "user", "content": "word " * 9000}], stream=True)
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
 
@@ -468,7 +468,7 @@ def test_remote_errors_are_messages(server):
         RemoteEngine("http://127.0.0.1:9", timeout_s=2).prepare()
     remote = RemoteEngine(server.url, api_key=API_KEY)
     with pytest.raises(RemoteContextOverflowError):
-        remote.respond([{"role": "user", "content": "word " * 3000}])
+        remote.respond([{"role": "user", "content": "word " * 9000}])
     assert issubclass(ServerUnreachableError, TandemError)
 
 

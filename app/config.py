@@ -51,6 +51,7 @@ class AppConfig:
     k: int = 4  # used when k_mode is "fixed"
     max_k: int = 8
     p_min: float = 0.0
+    trees: bool = True
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -67,7 +68,9 @@ class AppConfig:
 
     def speculation(self) -> SpeculationSettings:
         k = self.k if self.k_mode == "fixed" else None
-        return SpeculationSettings(drafter=self.drafter, k=k, max_k=self.max_k, p_min=self.p_min)
+        return SpeculationSettings(
+            drafter=self.drafter, k=k, max_k=self.max_k, p_min=self.p_min, trees=self.trees
+        )
 
     def sampling(self) -> SamplingSettings:
         extra = {"stop": self.stops()} if "stop" in {f.name for f in fields(SamplingSettings)} else {}

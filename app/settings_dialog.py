@@ -112,6 +112,7 @@ class SettingsDialog(QtWidgets.QDialog):
             k=w.k_spin.value(),
             max_k=w.max_k_spin.value(),
             p_min=round(w.p_min_spin.value(), 4),
+            trees=w.trees_box.isChecked(),
             temperature=round(w.temperature_spin.value(), 4),
             top_p=round(w.top_p_spin.value(), 4),
             top_k=w.top_k_spin.value(),
@@ -178,6 +179,7 @@ class SettingsDialog(QtWidgets.QDialog):
         w.k_spin.setValue(config.k)
         w.max_k_spin.setValue(config.max_k)
         w.p_min_spin.setValue(config.p_min)
+        w.trees_box.setChecked(config.trees)
         w.temperature_spin.setValue(config.temperature)
         w.top_p_spin.setValue(config.top_p)
         w.top_k_spin.setValue(config.top_k)
@@ -202,7 +204,7 @@ class SettingsDialog(QtWidgets.QDialog):
             w.target_picker.changed, w.draft_picker.changed, w.drafter_combo.currentIndexChanged,
             w.quantization_combo.currentIndexChanged, w.device_combo.currentIndexChanged,
             w.dtype_combo.currentIndexChanged, w.compiled_combo.currentIndexChanged,
-            w.draft_on_cpu_box.toggled, w.adaptive_box.toggled, w.server_radio.toggled,
+            w.draft_on_cpu_box.toggled, w.adaptive_box.toggled, w.trees_box.toggled, w.server_radio.toggled,
             w.server_url_edit.textChanged, w.stop_edit.textChanged, w.k_spin.valueChanged,
             w.max_k_spin.valueChanged, w.top_k_spin.valueChanged, w.max_new_tokens_spin.valueChanged,
             w.seed_spin.valueChanged, w.p_min_spin.valueChanged, w.temperature_spin.valueChanged,

@@ -44,6 +44,9 @@ TIPS = {
     "acceptance and the cost of checking K tokens.",
     "k": "Draft exactly this many tokens every round (when Adaptive K is off).",
     "max_k": "The most tokens adaptive K may draft in one round.",
+    "trees": "Verify the drafter's other candidates (the head's second choices, other earlier "
+    "occurrences of a lookup match) in the same target forward, where this machine's measured "
+    "cost says the extra tokens are nearly free. The output stays the target's either way.",
     "p_min": "Stop drafting a round early once the draft's confidence in its next token falls below "
     "p_min (0 = never). Higher values waste less verify work on guesses the target would reject.",
     "temperature": "0 always picks the most likely token (greedy); higher values vary the reply more.",
@@ -159,6 +162,7 @@ class SettingsWidgets:
         self.k_spin = spin(1, MAX_K)
         self.max_k_spin = spin(1, MAX_K)
         self.p_min_spin = double_spin(0.0, 0.99, 0.05)
+        self.trees_box = QtWidgets.QCheckBox("Token trees")
 
         self.temperature_spin = double_spin(0.0, 5.0, 0.1)
         self.top_p_spin = double_spin(0.01, 1.0, 0.05)
@@ -184,7 +188,7 @@ class SettingsWidgets:
             (self.draft_on_cpu_box, "draft_on_cpu"), (self.device_combo, "device"),
             (self.dtype_combo, "dtype"), (self.compiled_combo, "compiled"),
             (self.adaptive_box, "adaptive"), (self.k_spin, "k"), (self.max_k_spin, "max_k"),
-            (self.p_min_spin, "p_min"), (self.temperature_spin, "temperature"), (self.top_p_spin, "top_p"),
+            (self.p_min_spin, "p_min"), (self.trees_box, "trees"), (self.temperature_spin, "temperature"), (self.top_p_spin, "top_p"),
             (self.top_k_spin, "top_k"), (self.max_new_tokens_spin, "max_new_tokens"),
             (self.seed_spin, "seed"), (self.stop_edit, "stop"), (self.system_prompt_edit, "system_prompt"),
         ):  # fmt: skip
@@ -238,6 +242,8 @@ class SettingsWidgets:
         form.addRow("Max K:", self.max_k_spin)
         form.addRow("p_min:", self.p_min_spin)
         form.addRow("", note_label(TIPS["p_min"]))
+        form.addRow("", self.trees_box)
+        form.addRow("", note_label(TIPS["trees"]))
         return form
 
     def _sampling_form(self) -> QtWidgets.QFormLayout:

@@ -320,3 +320,12 @@ def test_the_kernel_in_use_and_why_is_shown(qtbot, store):
     qtbot.addWidget(before_load)
     assert "once the models have loaded" in before_load.kernel_note.text()
     dialog.done(0)
+
+
+def test_token_trees_can_be_turned_off_and_reach_the_engine_settings(open_dialog):
+    dialog = open_dialog(AppConfig())
+    assert dialog.w.trees_box.isChecked() and "target" in dialog.w.trees_box.toolTip()
+    dialog.w.trees_box.setChecked(False)
+    config = dialog.config()
+    assert config.trees is False and config.speculation().trees is False
+    assert open_dialog(config).w.trees_box.isChecked() is False

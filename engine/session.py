@@ -259,8 +259,13 @@ class ChatEngine:
         return self._head[1]
 
     def _fitting_head(self) -> Drafter | None:
-        """The draft head for `auto`, when one fits this target (shipped or head_source); else None."""
+        """The draft head for `auto`, when one fits this target (shipped or head_source); else None.
+        Not on a compiled runner: the target's features come from eager forwards, which would cost
+        every round the compiled speed."""
         from engine.errors import IncompatibleDraftError
+
+        if getattr(self._runner, "is_compiled", False):
+            return None
 
         try:
             return self._head_drafter()

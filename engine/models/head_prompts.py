@@ -2,7 +2,12 @@
 
 None comes from a public benchmark or from Tandem's own evaluation prompts: the head is measured
 on prompts it never saw. The mix follows what people ask a small chat model: explanations, lists,
-short writing, code, rewriting, comparisons, advice and quick facts.
+short writing, code, rewriting, comparisons, advice and quick facts (TEMPLATES), and work on a text
+or a piece of code the user pastes: summaries, extraction, translation, questions answered from the
+text, code explained or tested (PASSAGE_TASKS, over the docstrings and small functions of Python's
+own standard library, which every machine that runs Tandem has), plus arithmetic word problems.
+A head trained on the templates alone reached top-1 0.68 on unseen template prompts but only 0.39
+on other kinds of prompt: the variety of the prompts matters more than their number.
 """
 
 from __future__ import annotations
@@ -207,8 +212,106 @@ TEMPLATES = [
 ]
 
 
+STDLIB_MODULES = (
+    "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "csv",
+    "dataclasses", "datetime", "decimal", "difflib", "email.message", "enum", "fractions",
+    "functools", "glob", "gzip", "hashlib", "heapq", "html", "http.client", "inspect", "io",
+    "ipaddress", "itertools", "json", "logging", "math", "mimetypes", "os", "pathlib", "pickle",
+    "pprint", "queue", "random", "re", "secrets", "shlex", "shutil", "socket", "sqlite3",
+    "statistics", "string", "subprocess", "tarfile", "tempfile", "textwrap", "threading", "time",
+    "timeit", "tokenize", "typing", "unittest", "urllib.parse", "uuid", "warnings", "zipfile",
+)  # fmt: skip
+TEXT_TASKS = (
+    "Summarize the following text in two sentences.\n\n{text}",
+    "Extract the key terms from this text as a bulleted list.\n\n{text}",
+    "Translate the following text into {language}.\n\n{text}",
+    "Using only the documentation below, explain when someone would use `{name}`.\n\n{text}",
+    "Read this and answer: what does `{name}` do, and what does it return?\n\n{text}",
+    "Rewrite this documentation so that a beginner can follow it.\n\n{text}",
+    "Turn this text into three quiz questions with answers.\n\n{text}",
+    "{text}\n\nWhat is the most important point of the text above?",
+)
+CODE_TASKS_ON_SOURCE = (
+    "Explain what this Python code does, step by step.\n\n```python\n{code}\n```",
+    "Is there a bug or an edge case this function does not handle?\n\n```python\n{code}\n```",
+    "Write unit tests for this function with pytest.\n\n```python\n{code}\n```",
+    "Rewrite this function to be easier to read, keeping its behaviour.\n\n```python\n{code}\n```",
+    "Add type hints and a docstring to this function.\n\n```python\n{code}\n```",
+)
+WORD_PROBLEMS = (
+    lambda r, a, b: f"A shop sells {a} apples on Monday and {b} on Tuesday. How many apples did it sell? Show your work.",
+    lambda r, a, b: f"What is {a} times {b}? Explain each step.",
+    lambda r, a, b: f"Solve for x: {a}x + {b} = {a * 3 + b}. Show the steps.",
+    lambda r, a, b: f"A train travels {a * 10} km in {b % 9 + 1} hours. What is its average speed?",
+    lambda r, a, b: f"If a shirt costs ${a} and is {b % 50 + 5}% off, what is the sale price?",
+    lambda r, a, b: f"I have {a} minutes of meetings and {b} minutes of focused work. How many hours is that in total?",
+)  # fmt: skip
+TRANSLATION_LANGUAGES = ("French", "Spanish", "German", "Italian", "Portuguese")
+
+
+def stdlib_passages() -> tuple[list[tuple[str, str]], list[str]]:
+    """(name, docstring paragraph) pairs and small function sources from Python's standard library."""
+    import importlib
+    import inspect
+
+    texts: list[tuple[str, str]] = []
+    codes: list[str] = []
+    for module_name in STDLIB_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for name, member in sorted(vars(module).items()):
+            if name.startswith("_") or getattr(member, "__module__", None) != module.__name__:
+                continue
+            doc = inspect.getdoc(member) or ""
+            if 150 <= len(doc) <= 1200:
+                texts.append((f"{module_name}.{name}", doc))
+            if inspect.isfunction(member):
+                try:
+                    source = inspect.getsource(member)
+                except (OSError, TypeError):
+                    continue
+                if 4 <= source.count("\n") <= 30:
+                    codes.append(source.rstrip())
+    return texts, codes
+
+
+def passage_instructions(count: int, seed: int = 0) -> list[str]:
+    """`count` distinct instructions over standard-library texts and code, and word problems."""
+    rng = random.Random(seed + 1)
+    texts, codes = stdlib_passages()
+    seen: dict[str, None] = {}
+    attempts = 0
+    while len(seen) < count and attempts < count * 50:
+        attempts += 1
+        kind = rng.random()
+        if kind < 0.5 and texts:
+            name, text = rng.choice(texts)
+            task = rng.choice(TEXT_TASKS)
+            text = text[:400] if "Translate" in task else text
+            seen.setdefault(
+                task.format(text=text, name=name, language=rng.choice(TRANSLATION_LANGUAGES)), None
+            )
+        elif kind < 0.8 and codes:
+            seen.setdefault(rng.choice(CODE_TASKS_ON_SOURCE).format(code=rng.choice(codes)), None)
+        else:
+            seen.setdefault(rng.choice(WORD_PROBLEMS)(rng, rng.randint(2, 99), rng.randint(2, 99)), None)
+    return list(seen)
+
+
+TEMPLATE_SHARE = 0.6  # of the instructions; the rest work on a pasted text or code, or are word problems
+
+
 def training_instructions(count: int, seed: int = 0) -> list[str]:
-    """`count` distinct instructions (as many as the templates allow), in a fixed order for a seed."""
+    """`count` distinct instructions in a fixed order for a seed: the template ones first, then the
+    ones over a text or code. A longer list starts with the template instructions of a shorter one."""
+    templated = round(count * TEMPLATE_SHARE)
+    return template_instructions(templated, seed) + passage_instructions(count - templated, seed)
+
+
+def template_instructions(count: int, seed: int = 0) -> list[str]:
+    """`count` distinct instructions from TEMPLATES (as many as they allow)."""
     rng = random.Random(seed)
     seen: dict[str, None] = {}
     attempts = 0

@@ -373,3 +373,16 @@ def test_the_catalogue_lists_the_shipped_head_and_a_published_eagle3_pair():
     assert shipped["head"].endswith("heads/smollm2-135m-instruct")
     published = [h for h in heads if h["format"] == "eagle3"]
     assert published and all(h["device"] == "cuda" and "/" in h["head"] for h in published)
+
+
+def test_training_prompts_mix_templates_with_work_on_texts_and_code_and_never_bench_prompts():
+    from engine.bench.prompts import default_prompts_path, load_prompts
+    from engine.models.head_prompts import template_instructions, training_instructions
+
+    instructions = training_instructions(500)
+    assert len(instructions) == len(set(instructions)) == 500
+    assert instructions[:300] == template_instructions(300)  # a longer run reuses a shorter one's answers
+    rest = instructions[300:]
+    assert sum("```python" in text for text in rest) >= 50 and sum("Translate" in text for text in rest) >= 10
+    bench_turns = {turn for prompt in load_prompts(default_prompts_path()) for turn in prompt.turns}
+    assert not bench_turns.intersection(instructions)

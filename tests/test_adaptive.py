@@ -161,7 +161,11 @@ def test_fixed_k_and_limit():
 
 
 def test_first_round_probes_before_anything_is_measured():
-    assert KController(SpeculationSettings(max_k=8), VerifyCostCurve()).choose(limit=100) == KController.PROBE_K == 2
+    assert (
+        KController(SpeculationSettings(max_k=8), VerifyCostCurve()).choose(limit=100)
+        == KController.PROBE_K
+        == 2
+    )
 
 
 def test_a_lookup_without_a_match_is_not_drafted():
@@ -320,3 +324,31 @@ def test_a_break_even_costly_drafter_does_not_lose_through_its_probes():
     far past that (or follow each other whenever one keeps a token) would lose about 14 %."""
     drafter = lambda: [SyntheticDrafter("model", geometric_outcome(0.5), 0.2)]  # noqa: E731
     assert simulate(drafter()) >= 0.97 * simulate(drafter(), k=0)
+
+
+def test_acceptance_follows_a_prompt_where_the_draft_is_suddenly_poor():
+    """A head measured at 0.5 over 2,000 tokens meets a prompt where it is right 12 % of the time
+    (another language, say): the counts' decay must let adaptive K stop drafting within the reply.
+    With a memory of about 100 rounds (decay 0.99) that 64-token reply ran at 0.83x plain."""
+    from engine.decoding.acceptance import AcceptanceModel
+
+    def poor_reply_rate(seed):
+        rng = random.Random(seed)
+        curve = curve_of(TRUE_VERIFY)
+        drafter = SyntheticDrafter("head", geometric_outcome(0.5), 0.06)
+        planner = DraftPlanner(
+            [(drafter, KController(SpeculationSettings(), curve, acceptance=AcceptanceModel()))], curve
+        )
+        for alpha, tokens in ((0.5, 2000), (0.12, 64)):
+            drafter.outcome = geometric_outcome(alpha)
+            emitted = seconds = 0.0
+            while emitted < tokens:
+                plan = planner.plan([], limit=16)
+                accepted = drafter.outcome(rng, plan.k, None) if plan.k else 0
+                draft_s = plan.k * drafter.draft_step_s
+                size = max(plan.verify_size, plan.k + 1)
+                planner.observe(plan, SimulatedRound(plan.k, accepted, draft_s, true_verify(size), 0.0, size))
+                emitted, seconds = emitted + accepted + 1, seconds + draft_s + true_verify(size)
+        return emitted / seconds  # plain decoding: 1 token per true_verify(1) = 1 s
+
+    assert sum(poor_reply_rate(seed) for seed in range(8)) / 8 >= 0.87

@@ -37,7 +37,7 @@ class AcceptanceModel:
         positions: int = MAX_K,
         prior: float = PRIOR_ACCEPTANCE,
         prior_weight: float = PRIOR_WEIGHT,
-        decay: float = 0.99,
+        decay: float = 0.97,  # a memory of about 33 rounds: a poor prompt stops drafting within its reply
     ):
         self.positions, self.prior, self.prior_weight, self.decay = positions, prior, prior_weight, decay
         self._all = _Counts(positions)

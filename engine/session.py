@@ -33,6 +33,7 @@ from engine.stats import GenerationStats
 CALIBRATION_TOKENS = 64
 # every verify size adaptive K uses at the default max K (1 + K for K = 0..8), then two larger ones
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17)
+STORED_CURVE_TOLERANCE = 1.5  # a stored curve whose single step is off by more than this is rescaled
 # tokens of the prompt before a reply that go into the suffix index with it
 SUFFIX_HISTORY_LEAD = 8
 # Verify forwards of K+1 tokens compiled ahead when compilation is on; other sizes run eagerly.
@@ -179,20 +180,32 @@ class ChatEngine:
             if stored is not None:
                 self._verify_curve = VerifyCostCurve()
                 self._verify_curve.seconds = stored
+                # A curve stored while other programs loaded the machine (or before a CPU change) would
+                # make every estimate wrong: one quick single-step check rescales it when it is off.
+                now = self._measure(runner, (1,))[1]
+                ratio = now / stored[1]
+                if not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
+                    self._verify_curve.seconds = {n: t * ratio for n, t in stored.items()}
+                    calibration.save(key, self._verify_curve.seconds)
             else:
                 if progress is not None:
                     progress("Measuring this machine", 0, 1)
-                vocab = runner.vocab_size
-                runner.reset()
-                self._cached_tokens = []
-                # A context shorter than the calibration takes a shorter prompt (measure skips sizes past it).
-                tokens = max(1, min(CALIBRATION_TOKENS, runner.context_length - max(CALIBRATION_SIZES)))
-                runner.prefill([(1000 + i) % vocab for i in range(tokens)])
-                self._verify_curve = VerifyCostCurve().measure(runner, CALIBRATION_SIZES)
-                runner.reset()
+                self._verify_curve = VerifyCostCurve()
+                self._verify_curve.seconds = self._measure(runner, CALIBRATION_SIZES)
                 calibration.save(key, self._verify_curve.seconds)
             self._step_time_s = self._verify_curve.seconds[1]
         return self._step_time_s
+
+    def _measure(self, runner, sizes) -> dict[int, float]:
+        """Seconds per forward over n new tokens after a short prompt, for n in `sizes`; the cache is emptied."""
+        runner.reset()
+        self._cached_tokens = []
+        # A context shorter than the calibration takes a shorter prompt (measure skips sizes past it).
+        tokens = max(1, min(CALIBRATION_TOKENS, runner.context_length - max(CALIBRATION_SIZES)))
+        runner.prefill([(1000 + i) % runner.vocab_size for i in range(tokens)])
+        seconds = VerifyCostCurve().measure(runner, sizes).seconds
+        runner.reset()
+        return seconds
 
     def prepare(self, progress=None) -> None:
         """Work before the first reply, so that it does not wait: compiles the forwards (when compilation

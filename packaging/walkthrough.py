@@ -340,6 +340,7 @@ class Walkthrough(QObject):
     def finish(self):
         self.window.set_appearance("system")
         self.window.close()
+        self.index = len(self.steps)  # every step ran: the step machine stops here, not in next_step
         self.timer.stop()
         self.app.quit()
         return None

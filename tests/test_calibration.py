@@ -39,7 +39,22 @@ def test_prepare_measures_once_and_a_second_start_reads_it_back(cache_file, targ
 
     second = ChatEngine(target)  # a restart: a new engine on the same machine and model
     assert stages_of(second) == []
-    assert second.calibrate() == first.calibrate()
+    first_curve, second_curve = first._verify_curve.seconds, second._verify_curve.seconds
+    scale = second_curve[1] / first_curve[1]  # 1, unless the quick check found the machine changed
+    assert second_curve == pytest.approx({n: t * scale for n, t in first_curve.items()})
+
+
+def test_a_curve_stored_while_the_machine_was_busy_is_rescaled_at_the_next_start(cache_file, target):
+    """A curve measured under heavy load would make every speed-up estimate wrong (the target alone
+    looked 10x slower than it is); one quick single-step check at start rescales it."""
+    ChatEngine(target).prepare()
+    key, entry = next(iter(json.loads(cache_file.read_text()).items()))
+    busy = {int(n): t * 20 for n, t in entry["seconds"].items()}
+    calibration.save(key, busy, cache_file)
+    engine = ChatEngine(target)
+    assert stages_of(engine) == []  # still no full measurement
+    assert engine.calibrate() < busy[1] / 5
+    assert calibration.load(key, cache_file)[1] < busy[1] / 5  # and the corrected curve is kept
 
 
 def test_the_first_reply_does_not_calibrate_after_prepare(cache_file, target, monkeypatch):

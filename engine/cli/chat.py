@@ -7,7 +7,7 @@ import functools
 import sys
 import time
 
-from engine.cli.terminal import TerminalPrinter, answer_turn, checked_text, format_stats, read_line
+from engine.cli.terminal import checked_text, converse
 from engine.errors import SettingsError
 from engine.events import Finished
 from engine.models.builtin import DEFAULT_TARGET
@@ -222,38 +222,17 @@ def run_chat(args) -> int:
 
 
 def _chat(args, engine, sampling: SamplingSettings, recorder: ConversationRecorder | None) -> int:
-    messages: list[dict] = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
-    printer = TerminalPrinter()
-    interactive = args.message is None
-    if interactive:
-        print(f"Tandem chat with {engine.target.spec}. Empty line or Ctrl+D to quit.", file=sys.stderr)
-    while True:
-        if interactive:
-            line = read_line()
-            text = checked_text(line.strip(), "The message") if line is not None else ""
-            if not text:
-                break
-        else:
-            text = args.message
-        messages.append({"role": "user", "content": text})
+    def prepare_turn(messages):
         prompt_ids = engine.prompt_ids(messages)
         engine.check_fits(prompt_ids)  # before anything is stored: a refused message leaves no trace
-        finished = answer_turn(
-            printer,
-            recorder,
-            text,
-            functools.partial(engine.generate_ids, prompt_ids),
-        )
-        messages.append({"role": "assistant", "content": finished.text})
+        return functools.partial(engine.generate_ids, prompt_ids)
+
+    def after_turn(finished):
         notice = cut_notice(finished, sampling, engine.context_length)
         if notice:
             print(notice, file=sys.stderr)
-        if args.stats:
-            print(format_stats(finished), file=sys.stderr)
-        if not interactive:
-            break
+
+    converse(args, engine.target.spec, recorder, prepare_turn, after_turn)
     return 0
 
 

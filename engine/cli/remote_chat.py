@@ -29,7 +29,7 @@ def api_key_from_args(args) -> str | None:
 
 def run_remote_chat(args, sampling: SamplingSettings, recorder) -> int:
     """The chat loop of engine.cli.chat against a server; `recorder` is its ConversationRecorder or None."""
-    from engine.cli.terminal import TerminalPrinter, answer_turn, checked_text, format_stats, read_line
+    from engine.cli.terminal import converse
     from engine.remote.client import RemoteEngine
 
     remote = RemoteEngine(
@@ -37,34 +37,13 @@ def run_remote_chat(args, sampling: SamplingSettings, recorder) -> int:
     )
     remote.prepare()
     args.target = f"{remote.model_name} @ {remote.base_url}"  # what the stored conversation names
-    messages: list[dict] = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
-    printer = TerminalPrinter()
-    interactive = args.message is None
-    if interactive:
-        print(f"Tandem chat with {args.target}. Empty line or Ctrl+D to quit.", file=sys.stderr)
-    while True:
-        if interactive:
-            line = read_line()
-            text = checked_text(line.strip(), "The message") if line is not None else ""
-            if not text:
-                break
-        else:
-            text = args.message
-        messages.append({"role": "user", "content": text})
-        finished = answer_turn(
-            printer,
-            recorder,
-            text,
-            functools.partial(remote.respond, messages),
-        )
-        messages.append({"role": "assistant", "content": finished.text})
+
+    def after_turn(finished):
         if finished.reason in ("interrupted", "error"):
             print(f"[{finished.reason}] {finished.stats.note}", file=sys.stderr)
-        if args.stats:
-            print(format_stats(finished), file=sys.stderr)
-        if not interactive:
-            break
+
+    converse(
+        args, args.target, recorder, lambda messages: functools.partial(remote.respond, messages), after_turn
+    )
     remote.close()
     return 0

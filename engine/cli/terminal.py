@@ -98,3 +98,31 @@ def answer_turn(printer, recorder, text: str, generate: Callable) -> Finished:
     if reply is not None:
         recorder.finish(reply, finished)
     return finished
+
+
+def converse(args, title: str, recorder, prepare_turn: Callable, after_turn: Callable) -> None:
+    """A terminal conversation, local or remote: one turn for --message, else a turn per line read
+    until an empty line or the end of input. prepare_turn(messages) -> the turn's generate callable
+    (it may refuse the message before anything is stored); after_turn(finished) prints what the
+    reply's end needs saying."""
+    messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    printer = TerminalPrinter()
+    interactive = args.message is None
+    if interactive:
+        print(f"Tandem chat with {title}. Empty line or Ctrl+D to quit.", file=sys.stderr)
+    while True:
+        if interactive:
+            line = read_line()
+            text = checked_text(line.strip(), "The message") if line is not None else ""
+            if not text:
+                break
+        else:
+            text = args.message
+        messages.append({"role": "user", "content": text})
+        finished = answer_turn(printer, recorder, text, prepare_turn(messages))
+        messages.append({"role": "assistant", "content": finished.text})
+        after_turn(finished)
+        if args.stats:
+            print(format_stats(finished), file=sys.stderr)
+        if not interactive:
+            break

@@ -50,6 +50,7 @@ class MainWindow(ModelLoading, ReplyEvents, QtWidgets.QMainWindow):
         self.config = config or AppConfig.load(store)
         self.bridge = EngineBridge(engine_factory, self)
         self.reply: Reply | None = None
+        self.close_question: QtWidgets.QMessageBox | None = None
         self.unsaved: dict[int, UnsavedReply] = {}  # finished replies the store refused, by message id
         self.conversation_id: int | None = None
         self.editing_id: int | None = None
@@ -171,7 +172,30 @@ class MainWindow(ModelLoading, ReplyEvents, QtWidgets.QMainWindow):
         if save:
             self.save_layout()
 
+    def request_close(self) -> None:
+        """Quit, or the window's close button: while a reply is being written, ask first."""
+        if self.reply is None:
+            self.close()
+            return
+        box = QtWidgets.QMessageBox(
+            QtWidgets.QMessageBox.Icon.Question,
+            "Quit while writing?",
+            "A reply is still being written. Quit and stop it? The text written so far is kept.",
+            parent=self,
+        )
+        box.setObjectName("confirm_close")
+        quit_button = box.addButton("Stop and quit", QtWidgets.QMessageBox.ButtonRole.AcceptRole)
+        box.addButton("Keep writing", QtWidgets.QMessageBox.ButtonRole.RejectRole)
+        box.setDefaultButton(quit_button)
+        box.buttonClicked.connect(lambda button: button is quit_button and self.close())
+        box.open()
+        self.close_question = box
+
     def closeEvent(self, event):  # noqa: N802
+        if event.spontaneous() and self.reply is not None:  # the window manager's close button
+            event.ignore()
+            self.request_close()
+            return
         if self.reply is not None:
             self.bridge.stop()
         self.save_layout()

@@ -268,7 +268,10 @@ def form_layout() -> QtWidgets.QFormLayout:
 
 def scrolled(form: QtWidgets.QFormLayout) -> QtWidgets.QScrollArea:
     page = QtWidgets.QWidget()
-    page.setLayout(form)
+    column = QtWidgets.QVBoxLayout(page)
+    column.setContentsMargins(0, 0, 0, 0)
+    column.addLayout(form)
+    column.addStretch(1)  # spare height goes below the last row, not between the notes
     area = QtWidgets.QScrollArea()
     area.setWidgetResizable(True)
     area.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
@@ -313,9 +316,23 @@ def double_spin(low: float, high: float, step: float) -> QtWidgets.QDoubleSpinBo
     return box
 
 
+class NoteLabel(QtWidgets.QLabel):
+    """A wrapped note under a field, hidden while empty."""
+
+    def setText(self, text: str) -> None:  # noqa: N802
+        super().setText(text)
+        if text and self.parent() is None:
+            return  # showing a label without a parent would open it as a window of its own
+        self.setVisible(bool(text))
+
+
 def note_label(text: str = "") -> QtWidgets.QLabel:
-    label = QtWidgets.QLabel(text)
+    label = NoteLabel(text)
+    label.setHidden(not text)
     label.setWordWrap(True)
     label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    # taller than its text at times (a wrapped label's hint guesses a narrow width), never cut; the
+    # text sits under its field and any spare height below it
     label.setSizePolicy(QtWidgets.QSizePolicy.Policy.Preferred, QtWidgets.QSizePolicy.Policy.MinimumExpanding)
+    label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
     return label

@@ -56,7 +56,7 @@ def build_menus(window) -> None:
     chat.addSeparator()
     quit_action = chat.addAction("Quit")
     quit_action.setShortcut(QtGui.QKeySequence.StandardKey.Quit)
-    quit_action.triggered.connect(window.close)
+    quit_action.triggered.connect(window.request_close)
 
     conversation = window.menuBar().addMenu("C&onversation")
     conversation.addAction(window.system_prompt_action)

@@ -76,6 +76,10 @@ class Walkthrough(QObject):
             ("save the export", self.accept_export),
             ("import", self.import_by_drop),
             ("shot: imported", lambda: self.shoot("10-imported")),
+            ("quit mid-reply", self.send_long),
+            ("press Alt+F4", self.close_by_window_manager),
+            ("shot: quit question", self.shoot_screen_area),
+            ("keep writing", self.keep_writing),
             ("settings with a bad path", self.bad_settings),
             ("shot: settings refused", self.shoot_settings),
             ("cancel settings", self.cancel_settings),
@@ -283,6 +287,32 @@ class Walkthrough(QObject):
             self.window, QtGui.QDropEvent(QtCore.QPointF(centre), actions, mime, button, modifiers)
         )
         return lambda: len(self.store.list_conversations()) > before
+
+    def close_by_window_manager(self):
+        """Alt+F4 through the window manager (openbox): the close a user makes, not a call from code."""
+        import subprocess
+
+        window_id = str(int(self.window.winId()))
+        subprocess.run(["xdotool", "windowactivate", "--sync", window_id], check=True, timeout=10)
+        subprocess.run(["xdotool", "key", "--clearmodifiers", "alt+F4"], check=True, timeout=10)
+        return lambda: self.window.close_question is not None and self.window.close_question.isVisible()
+
+    def shoot_screen_area(self):
+        """The window with the question over it: a grab of the screen, since the box is a window of its own."""
+        self.settle()
+        frame = self.window.frameGeometry()
+        shot = self.window.screen().grabWindow(0, frame.x(), frame.y(), frame.width(), frame.height())
+        path = self.out_dir / "walkthrough-11a-quit-mid-reply.png"
+        shot.save(str(path))
+        print(f"wrote {path}", flush=True)
+        if not self.window.isVisible() or self.window.reply is None:
+            raise RuntimeError("the window closed mid-reply without asking")
+
+    def keep_writing(self):
+        box = self.window.close_question
+        self.click(next(button for button in box.buttons() if button.text() == "Keep writing"))
+        count = len(self.finished) + 1
+        return lambda: len(self.finished) >= count and self.window.isVisible()
 
     def settings_dialog(self):
         from app.settings_dialog import SettingsDialog

@@ -323,3 +323,45 @@ def test_the_last_conversation_opens_once_at_start(qtbot, store):
     # Before the event loop runs: a second open would leave a first set of widgets awaiting deletion.
     assert len(window.chat_view.container.findChildren(MessageWidget)) == 1
     assert window.conversation_id == conversation
+
+
+def test_quitting_mid_reply_asks_first_and_keeps_the_text(qtbot, store):
+    engine = ScriptedEngine([f"w{i} " for i in range(3000)], delay_s=0.01)
+    window = open_window(qtbot, store, engine)
+    window.message_edit.setPlainText("Go on forever")
+    window.send()
+    qtbot.waitUntil(lambda: len(window.reply.spans) >= 10 if window.reply else False, timeout=3000)
+    quit_action = menu_action(window, "Chat", "Quit")
+
+    quit_action.trigger()
+    box = window.close_question
+    assert box is not None and box.isVisible() and window.isVisible()
+    keep = next(b for b in box.buttons() if b.text() == "Keep writing")
+    keep.click()
+    qtbot.waitUntil(lambda: not box.isVisible(), timeout=2000)
+    written = len(window.reply.spans)
+    qtbot.waitUntil(lambda: len(window.reply.spans) > written + 5, timeout=3000)  # still writing
+    assert window.isVisible()
+
+    # (the window manager's close button asks the same: packaging/walkthrough.py presses Alt+F4 under X)
+
+
+def test_stop_and_quit_in_the_question_closes_the_window(qtbot, store):
+    engine = ScriptedEngine([f"w{i} " for i in range(3000)], delay_s=0.01)
+    window = open_window(qtbot, store, engine)
+    window.message_edit.setPlainText("Go on forever")
+    window.send()
+    qtbot.waitUntil(lambda: len(window.reply.spans) >= 10 if window.reply else False, timeout=3000)
+    menu_action(window, "Chat", "Quit").trigger()
+    box = window.close_question
+    next(b for b in box.buttons() if b.text() == "Stop and quit").click()
+    qtbot.waitUntil(lambda: not window.isVisible(), timeout=3000)
+    reply = store.thread(window.conversation_id)[-1]
+    assert reply.status == "cancelled" and reply.content.startswith("w0 w1 ")
+
+
+def test_quitting_without_a_reply_in_progress_asks_nothing(qtbot, store):
+    window = open_window(qtbot, store, ScriptedEngine(["ok"]))
+    send(qtbot, window, "hi")
+    menu_action(window, "Chat", "Quit").trigger()
+    assert window.close_question is None and not window.isVisible()

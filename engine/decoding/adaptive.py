@@ -21,8 +21,7 @@ from engine.settings import SpeculationSettings
 
 # Before two sizes are measured, assume each extra token verified adds this fraction of a single step.
 PRIOR_COST_PER_EXTRA_TOKEN = 0.35
-MAX_TREE_SIZE = 32
-COSTLY_DRAFT_STEP = 0.25  # a draft step dearer than this share of a target step keeps its probes short  # tokens in one tree verify forward, however flat the cost curve
+MAX_TREE_SIZE = 32  # tokens in one tree verify forward, however flat the cost curve
 
 
 class VerifyCostCurve:

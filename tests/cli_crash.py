@@ -135,3 +135,42 @@ def run_once(
             result.lost_s = max(0.0, killed_at - at)
             break
     return result
+
+
+def run_mid_load(
+    folder: Path, seed: int, target: str | Path, db: Path, longest_s: float = 3.0
+) -> CrashResult:
+    """kill -9 a random 0..longest_s s after the start, while it opens `db` and loads the model.
+
+    `db` already holds conversations: they must come through whole (a reply left 'streaming' by an earlier
+    kill may be recovered to 'interrupted' when the store is opened; its text must not change).
+    """
+    rng = random.Random(seed)
+    result = CrashResult(seed)
+
+    def rows() -> list[tuple]:
+        conn = sqlite3.connect(db)
+        try:
+            result.integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            return conn.execute("SELECT id, role, content FROM messages ORDER BY id").fetchall()
+        finally:
+            conn.close()
+
+    before = rows()
+    command = [str(CLI), "chat", "--target", str(target), "--draft", "none", "--db", str(db)]
+    command += ["--max-new-tokens", "6000", "--message", PROMPTS[seed % len(PROMPTS)]]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=folder
+    )
+    time.sleep(rng.uniform(0.0, longest_s))
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    after = rows()
+    kept = after[: len(before)]
+    result.messages_lost = sum(1 for row in before if row not in kept)
+    if kept != before:
+        result.problems.append("an earlier message changed")
+    if len(after) > len(before) + 2 or (len(after) > len(before) and after[len(before)][1] != "user"):
+        result.problems.append(f"unexpected new rows {after[len(before) :]!r:.200}")
+    return result

@@ -34,6 +34,8 @@ CALIBRATION_TOKENS = 64
 # every verify size adaptive K uses at the default max K (1 + K for K = 0..8), then two larger ones
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17)
 STORED_CURVE_TOLERANCE = 1.5  # a stored curve whose single step is off by more than this is rescaled
+STORED_SHAPE_TOLERANCE = 1.25  # and one whose t(4) / t(1) is off by more than this is measured again
+CHECK_SIZES = (1, 4)
 # tokens of the prompt before a reply that go into the suffix index with it
 SUFFIX_HISTORY_LEAD = 8
 # Verify forwards of K+1 tokens compiled ahead when compilation is on; other sizes run eagerly.
@@ -166,7 +168,7 @@ class ChatEngine:
     def calibrate(self, progress=None, use_cache: bool = True) -> float:
         """Seconds per plain target step (one token, warm cache) on this device; measured once per engine.
 
-        Also measures the target's forward time over 2, 4 and 8 new tokens, which adaptive K starts from.
+        Also measures the target's forward time over 2..17 new tokens, which adaptive K starts from.
         The curve is kept per machine and model (engine/runtime/calibration.py), so a second start reads
         it back; `progress("Measuring this machine", 0, 1)` is reported only when it is measured.
         """
@@ -178,15 +180,26 @@ class ChatEngine:
             key = calibration.calibration_key(self.target, runner)
             stored = calibration.load(key) if use_cache else None
             if stored is not None:
+                # A curve stored while other programs loaded the machine (or before a CPU change) would
+                # make every estimate wrong. A quick check of a single step and of one verify size
+                # (well under a second) rescales it when the machine is faster or slower, and has it
+                # measured again when its shape is off: t(4) / t(1) is what adaptive K trades on.
+                now = self._measure(runner, CHECK_SIZES)
+                ratio = now[1] / stored[1]
+                check = CHECK_SIZES[-1]
+                shape = (
+                    (now[check] / now[1]) / (stored[check] / stored[1])
+                    if check in now and check in stored
+                    else 1.0
+                )
+                if not 1 / STORED_SHAPE_TOLERANCE <= shape <= STORED_SHAPE_TOLERANCE:
+                    stored = None
+                elif not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
+                    stored = {n: t * ratio for n, t in stored.items()}
+                    calibration.save(key, stored)
+            if stored is not None:
                 self._verify_curve = VerifyCostCurve()
                 self._verify_curve.seconds = stored
-                # A curve stored while other programs loaded the machine (or before a CPU change) would
-                # make every estimate wrong: one quick single-step check rescales it when it is off.
-                now = self._measure(runner, (1,))[1]
-                ratio = now / stored[1]
-                if not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
-                    self._verify_curve.seconds = {n: t * ratio for n, t in stored.items()}
-                    calibration.save(key, self._verify_curve.seconds)
             else:
                 if progress is not None:
                     progress("Measuring this machine", 0, 1)

@@ -11,6 +11,18 @@ import pytest  # noqa: E402
 from engine.models.builtin import DEFAULT_TARGET  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _calibrations_of_this_run(tmp_path_factory):
+    """Curves measured by tests (on tiny models, on a machine the suite keeps busy) stay out of the
+    user's own calibration file."""
+    from engine.runtime import calibration
+
+    path = tmp_path_factory.mktemp("calibration") / calibration.FILE_NAME
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(calibration, "cache_path", lambda: path)
+        yield path
+
+
 @pytest.fixture(scope="session")
 def builtin_folder():
     from engine.models.builtin import ensure_builtin

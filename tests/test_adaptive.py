@@ -79,6 +79,18 @@ def test_curve_recalibrates_when_the_machine_slows_down():
     assert steady.recalibrations == 0
 
 
+def test_one_size_measured_off_corrects_that_size_and_not_the_single_step():
+    """A stored t(4) of 1.0 that really costs 1.5 (seen in the loop: a curve whose larger sizes were
+    measured too cheap) must not make plain decoding look slower: t(1) stays, t(4) moves to 1.5."""
+    curve = curve_of({1: 1.0, 2: 1.05, 4: 1.0, 8: 1.7})
+    for _ in range(30):
+        curve.observe(4, 1.5)
+        curve.observe(1, 1.0)
+    assert curve.recalibrations == 0
+    assert curve.estimate(1) == pytest.approx(1.0)
+    assert curve.estimate(4) == pytest.approx(1.5, rel=0.02)
+
+
 # --- the acceptance model ----------------------------------------------------------------------
 
 

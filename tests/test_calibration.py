@@ -98,3 +98,19 @@ def test_a_slow_measurement_on_a_busy_machine_is_bounded_before_it_is_kept(tmp_p
     calibration.save("k", measured, path)
     assert measured == {1: 0.2, 2: 0.2, 4: 0.3, 8: 0.3}  # the engine uses what is kept
     assert calibration.load("k", path) == measured
+
+
+def test_a_stored_curve_of_the_wrong_shape_is_measured_again(cache_file, target):
+    """A curve whose verify sizes were stored far off their cost (seen: t(4) = t(1), when a forward over
+    4 tokens costs 1.45 single steps) made adaptive K misjudge every round of a session. The start-up
+    check compares t(4) / t(1) too, and measures the whole curve again when it is off."""
+    ChatEngine(target).prepare()
+    key, entry = next(iter(json.loads(cache_file.read_text()).items()))
+    measured = {int(n): t for n, t in entry["seconds"].items()}
+    dear = {n: t if n == 1 else 3 * measured[1] + t for n, t in measured.items()}
+    calibration.save(key, dear, cache_file)
+    engine = ChatEngine(target)
+    assert stages_of(engine) == ["Measuring this machine"]
+    again = calibration.load(key, cache_file)
+    assert again[4] / again[1] < 0.5 * dear[4] / dear[1]
+    assert stages_of(ChatEngine(target)) == []  # the new curve passes the check

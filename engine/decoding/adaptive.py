@@ -34,9 +34,12 @@ class VerifyCostCurve:
     measured size is cheaper, the loop pads the verify forward up to it (`padded_size`), and
     `estimate` prices n at that size, so the price is what the loop really pays.
 
-    Re-calibration: every observation is compared with the curve's figure for that size; when the
-    ratio stays off by more than DRIFT_LIMIT (another program started, thermal throttling, a longer
-    context), every size is rescaled by the measured ratio.
+    Every observation moves its own size's figure. Re-calibration of the whole curve is judged from
+    single steps alone (the target alone's own forward, and the most frequent one): when they stay off
+    their reference by more than DRIFT_LIMIT (another program started, thermal throttling, a longer
+    context), every other size is rescaled by the measured ratio too. A larger size that measures off
+    on its own says its figure was wrong, not the machine: rescaling t(1) with it would make plain
+    decoding look slower than it is, and drafting that loses look like a gain.
     """
 
     DRIFT_LIMIT = 1.25
@@ -47,7 +50,7 @@ class VerifyCostCurve:
         self.decay = decay
         self.seconds: dict[int, float] = {}
         self.recalibrations = 0
-        # what drift is judged against: the first figure per size, rescaled at each re-calibration
+        # what drift is judged against: the first single-step figure, rescaled at each re-calibration
         self._reference: dict[int, float] = {}
         self._drift, self._drift_rounds = 1.0, 0
 
@@ -56,15 +59,17 @@ class VerifyCostCurve:
         if old is None:
             self.seconds[n] = seconds
             return
-        reference = self._reference.setdefault(n, old)
+        self.seconds[n] = self.decay * old + (1 - self.decay) * seconds
+        if n != 1:
+            return
+        reference = self._reference.setdefault(1, old)
         self._drift = 0.8 * self._drift + 0.2 * (seconds / reference)
         self._drift_rounds += 1
-        self.seconds[n] = self.decay * old + (1 - self.decay) * seconds
         drifted = self._drift > self.DRIFT_LIMIT or self._drift < 1 / self.DRIFT_LIMIT
         if drifted and self._drift_rounds >= self.DRIFT_ROUNDS:
+            self._reference[1] = reference * self._drift
             for m in self.seconds:
-                self._reference[m] = self._reference.get(m, self.seconds[m]) * self._drift
-                if m != n:
+                if m != 1:
                     self.seconds[m] *= self._drift
             self.recalibrations += 1
             self._drift, self._drift_rounds = 1.0, 0

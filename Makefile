@@ -46,9 +46,11 @@ chat: venv
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
 # The remote backend against a real llama.cpp server: builds llama-server once into $(VENV)/llama.cpp

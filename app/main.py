@@ -19,8 +19,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--db", type=Path, help="conversation database (default: in the data folder)")
     parser.add_argument("--reset-settings", action="store_true", help="forget settings and window layout")
-    parser.add_argument("--self-test", action="store_true", help="send one prompt to the built-in models and check the reply")
-    parser.add_argument("--screenshot", type=Path, metavar="PATH", help="save a PNG of the window (with --self-test: after the reply)")
+    parser.add_argument(
+        "--self-test", action="store_true", help="send one prompt to the built-in models and check the reply"
+    )
+    parser.add_argument(
+        "--screenshot",
+        type=Path,
+        metavar="PATH",
+        help="save a PNG of the window (with --self-test: after the reply)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=None, metavar="SECONDS",
         help="with --self-test: how long to wait for the models and the reply (default 600)",

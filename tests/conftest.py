@@ -44,7 +44,9 @@ def builtin_model(builtin_folder):
     return load_model(DEFAULT_TARGET, device="cpu", dtype="float32")
 
 
-def build_tiny_llama(tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64, vocab_size: int | None = None):
+def build_tiny_llama(
+    tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64, vocab_size: int | None = None
+):
     """A seeded random Llama small enough to run hundreds of forwards in a second."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -80,7 +82,9 @@ def make_tiny(builtin_tokenizer):
 
     def make(seed: int = 0, layers: int = 2, hidden: int = 64) -> LoadedModel:
         model = build_tiny_llama(builtin_tokenizer, seed=seed, layers=layers, hidden=hidden)
-        return LoadedModel(f"tiny-{seed}-{layers}", model, builtin_tokenizer, torch.device("cpu"), torch.float32)
+        return LoadedModel(
+            f"tiny-{seed}-{layers}", model, builtin_tokenizer, torch.device("cpu"), torch.float32
+        )
 
     return make
 

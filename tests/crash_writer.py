@@ -59,7 +59,9 @@ def main() -> None:
     message_id = store.begin_assistant(conversation_id, parent_id=user_id, meta={"drafter": "fake"})
     record(f"A {message_id}", sync=True)
 
-    updater = ThrottledUpdater(store, message_id, interval=interval, on_commit=lambda n: record(f"C {n}", sync=True))
+    updater = ThrottledUpdater(
+        store, message_id, interval=interval, on_commit=lambda n: record(f"C {n}", sync=True)
+    )
     produced = 0
     deadline = time.monotonic() + STREAM_SECONDS
     for piece in pieces(seed):

@@ -35,7 +35,7 @@ def test_builtin_model_generates(builtin_model):
         return_dict=True,
     )
     out = builtin_model.model.generate(**prompt, max_new_tokens=8, do_sample=False)
-    text = tokenizer.decode(out[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = tokenizer.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in text
 
 

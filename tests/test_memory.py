@@ -1,6 +1,5 @@
 """Memory estimates from configs, checked against loaded models."""
 
-
 import pytest
 from transformers import LlamaConfig, Qwen2Config
 

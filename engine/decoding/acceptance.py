@@ -29,6 +29,11 @@ PRIOR_AFTER_ACCEPT = 0.8  # and a likely acceptance for the next ones once one w
 PRIOR_WEIGHT = 1.0  # worth one observation
 # at most this many distinct conditions are kept per drafter (match lengths are bucketed, so few)
 MAX_CONDITIONS = 32
+# A reply whose first draft tokens are kept far more or less often than the earlier replies said
+# (a binomial tail below CHANGE_P_VALUE after at least CHANGE_MIN_ROUNDS rounds) drops their counts.
+CHANGE_P_VALUE = 0.05
+CHANGE_MIN_ROUNDS = 4
+CHANGE_MAX_ROUNDS = 64
 
 
 class AcceptanceModel:
@@ -42,6 +47,8 @@ class AcceptanceModel:
         self.positions, self.prior, self.prior_weight, self.decay = positions, prior, prior_weight, decay
         self._all = _Counts(positions)
         self._by_condition: dict[Hashable, _Counts] = {}
+        self._inherited_rate: float | None = None  # p_0 at the start of this reply, while it is trusted
+        self._reply_decided = self._reply_accepted = 0
 
     def observe(self, drafted: int, accepted: int, condition: Hashable = None) -> None:
         """One round: `drafted` tokens proposed, the first `accepted` kept. Positions after the first
@@ -49,6 +56,7 @@ class AcceptanceModel:
         if drafted <= 0:
             return
         self._all.add(drafted, accepted, self.decay)
+        self._test_the_inherited_counts(drafted, accepted)
         if condition is not None:
             counts = self._by_condition.get(condition)
             if counts is None:
@@ -56,6 +64,35 @@ class AcceptanceModel:
                     self._by_condition.pop(next(iter(self._by_condition)))
                 counts = self._by_condition[condition] = _Counts(self.positions)
             counts.add(drafted, accepted, self.decay)
+
+    def start_reply(self, keep: float) -> None:
+        """A new reply: the counts so far keep weight `keep`, and become what this reply is tested
+        against. Once this reply's first positions contradict them (a binomial tail below
+        CHANGE_P_VALUE, either way), they are dropped and the reply's own rounds decide alone."""
+        self._inherited_rate = self.conditional()[0]
+        for counts in self._counts():
+            counts.scale(keep)
+            counts.mark_inherited()
+        self._reply_decided = self._reply_accepted = 0
+
+    def _counts(self) -> list[_Counts]:
+        return [self._all, *self._by_condition.values()]
+
+    def _test_the_inherited_counts(self, drafted: int, accepted: int) -> None:
+        if self._inherited_rate is None:
+            return
+        self._reply_decided += 1
+        self._reply_accepted += accepted > 0
+        n, hits, rate = self._reply_decided, self._reply_accepted, self._inherited_rate
+        if n > CHANGE_MAX_ROUNDS:  # by now the decay has all but replaced the earlier replies' counts
+            self._inherited_rate = None
+            return
+        if n < CHANGE_MIN_ROUNDS:
+            return
+        if binomial_tail(hits, n, rate) < CHANGE_P_VALUE:
+            for counts in self._counts():
+                counts.drop_inherited()
+            self._inherited_rate = None
 
     def conditional(self, condition: Hashable = None, optimism: float = 0.0) -> list[float]:
         """[p_0, p_1, ...]: acceptance at each position given every earlier one was accepted.
@@ -107,17 +144,46 @@ def expected_tokens_from(conditional: list[float], k: int) -> float:
     return total
 
 
+def binomial_tail(hits: int, n: int, rate: float) -> float:
+    """The probability of an outcome at least as far from n * rate as `hits`, on the same side."""
+    from math import comb
+
+    def pmf(j: int) -> float:
+        return comb(n, j) * rate**j * (1 - rate) ** (n - j)
+
+    if hits <= n * rate:
+        return sum(pmf(j) for j in range(hits + 1))
+    return sum(pmf(j) for j in range(hits, n + 1))
+
+
 class _Counts:
-    """Decayed accepted / decided counts per draft position."""
+    """Decayed accepted / decided counts per draft position, and the part of them from earlier replies."""
 
     def __init__(self, positions: int):
         self.accepted = [0.0] * positions
         self.decided = [0.0] * positions
+        self.inherited_accepted = [0.0] * positions
+        self.inherited_decided = [0.0] * positions
+
+    def scale(self, keep: float) -> None:
+        self.accepted = [a * keep for a in self.accepted]
+        self.decided = [d * keep for d in self.decided]
+
+    def mark_inherited(self) -> None:
+        self.inherited_accepted, self.inherited_decided = list(self.accepted), list(self.decided)
+
+    def drop_inherited(self) -> None:
+        self.accepted = [max(0.0, a - b) for a, b in zip(self.accepted, self.inherited_accepted, strict=True)]
+        self.decided = [max(0.0, d - b) for d, b in zip(self.decided, self.inherited_decided, strict=True)]
+        self.inherited_accepted = [0.0] * len(self.accepted)
+        self.inherited_decided = [0.0] * len(self.decided)
 
     def add(self, drafted: int, accepted: int, decay: float) -> None:
         for i in range(len(self.decided)):
             self.accepted[i] *= decay
             self.decided[i] *= decay
+            self.inherited_accepted[i] *= decay
+            self.inherited_decided[i] *= decay
         for i in range(min(accepted, len(self.decided))):
             self.accepted[i] += 1.0
             self.decided[i] += 1.0

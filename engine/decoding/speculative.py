@@ -221,6 +221,8 @@ def generate(
     stops = StopMatcher(sampling.stop)
     streamed: list[str] = []
     plain_only = isinstance(drafter, NoDrafter)
+    if not plain_only:
+        planner.start_reply()
     stats.drafter = drafter.name
     stats.k_mode = "fixed" if not speculation.adaptive else "adaptive"
     stats.prompt_tokens = len(prompt_ids)

@@ -109,6 +109,31 @@ def test_chained_training_steps_equal_what_the_drafter_computes(tiny):
         assert float(draft.probs[step][head.draft_ids].sum()) == pytest.approx(1.0, abs=1e-5)  # zero outside
 
 
+def test_features_of_plain_rounds_read_in_one_forward_draft_what_round_by_round_reading_does(tiny):
+    """After plain rounds the head reads their features at once (one forward over the run of them,
+    not one per round); its draft must be the one it makes when it reads them round by round."""
+    head = random_head(tiny.model, 64, seed=2, scale=1.0)
+    runner = ModelRunner(tiny.model)
+    context = [11, 230, 5, 77, 1024, 9, 31, 400, 12, 88, 6]
+    with torch.no_grad():
+        features = tiny.model(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states[-1][
+            0
+        ]
+    drafts = []
+    for fold_each_round in (True, False):
+        drafter = drafter_for(head, tiny, runner)
+        drafter.begin(SamplingSettings(temperature=1.0), torch.Generator().manual_seed(0))
+        drafter.observe_target((0, features[:5]), context[:6])  # the prompt
+        for end in range(6, len(context)):  # one plain round per token
+            drafter.observe_target((end - 1, features[end - 1 : end]), context[: end + 1])
+            if fold_each_round:
+                drafter.prefill(context[: end + 1])
+        draft = drafter.propose(context, 3)
+        drafts.append((draft.tokens.tolist(), torch.stack(list(draft.probs))))
+    assert drafts[0][0] == drafts[1][0]
+    torch.testing.assert_close(drafts[0][1], drafts[1][1], atol=1e-5, rtol=1e-4)
+
+
 # --- files ----------------------------------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from engine.models import probes
 
 CHECKING = "Checking that the draft shares the target's tokenizer…"
 CHECKING_TARGET = "Checking the target…"
+DRAFT_AFTER_TARGET = "The draft is checked against the target once the target is found."
 DRAFTER_REASONS = {
     "auto": "Automatic: measures the drafters on this machine while you chat and keeps the fastest.",
     "model": "A draft model proposes tokens; fastest when it agrees often with the target.",
@@ -233,6 +234,10 @@ class SettingsDialog(QtWidgets.QDialog):
         cache, listed = self._tokenizers, [s for s in w.draft_picker.specs() if s != draft]
 
         def check_drafts():
+            try:
+                probes.check_target(target)
+            except TandemError:  # the target's own row says why; the draft cannot be compared yet
+                return (None, DRAFT_AFTER_TARGET), {}
             verdict = probes.check_draft(target, draft, cache)
             return verdict, {spec: probes.check_draft(target, spec, cache) for spec in listed}
 

@@ -195,6 +195,18 @@ def test_a_target_path_that_does_not_exist_is_refused_and_not_saved(qtbot, open_
     assert store.get_setting(STORE_KEY) is None
 
 
+def test_a_missing_target_is_reported_once_and_not_again_under_the_draft(qtbot, open_dialog, tmp_path):
+    from app.settings_dialog import DRAFT_AFTER_TARGET
+
+    dialog = open_dialog(AppConfig(drafter="model"))
+    dialog.target_picker.set_spec(str(tmp_path / "no-such-model"))
+    qtbot.waitUntil(lambda: "No model at" in dialog.target_reason.text(), timeout=PROBE_TIMEOUT_MS)
+    wait_for_draft_verdict(qtbot, dialog)
+    assert dialog.draft_reason.text() == DRAFT_AFTER_TARGET
+    assert dialog.error_label.text() == ""  # the reason is shown once, beside the target
+    assert not dialog.apply_button.isEnabled()
+
+
 def test_a_folder_without_weights_is_refused_as_a_target(qtbot, open_dialog, same_tokenizer_draft):
     dialog = open_dialog(AppConfig(drafter="ngram", target=str(same_tokenizer_draft)))
     qtbot.waitUntil(lambda: "safetensors" in dialog.target_reason.text(), timeout=PROBE_TIMEOUT_MS)

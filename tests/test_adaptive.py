@@ -123,6 +123,8 @@ def test_a_reply_that_contradicts_the_earlier_ones_drops_their_counts():
     for _ in range(3):  # six in a row: 1.6 % likely at 0.5, this prompt is another matter
         model.observe(2, 0)
     assert model.conditional()[0] < 0.1
+    # and its own rounds are judged without the benefit of the doubt a rarely measured drafter gets
+    assert model.conditional(optimism=1.0)[0] == model.conditional()[0]
 
     model.start_reply(0.3)  # the reverse: a drafter measured poor meets a prompt it is right on
     for _ in range(6):

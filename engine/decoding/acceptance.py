@@ -49,6 +49,8 @@ class AcceptanceModel:
         self._by_condition: dict[Hashable, _Counts] = {}
         self._inherited_rate: float | None = None  # p_0 at the start of this reply, while it is trusted
         self._reply_decided = self._reply_accepted = 0
+        # this reply contradicted the earlier ones: its own rounds are evidence enough, without optimism
+        self.changed_this_reply = False
 
     def observe(self, drafted: int, accepted: int, condition: Hashable = None) -> None:
         """One round: `drafted` tokens proposed, the first `accepted` kept. Positions after the first
@@ -74,6 +76,7 @@ class AcceptanceModel:
             counts.scale(keep)
             counts.mark_inherited()
         self._reply_decided = self._reply_accepted = 0
+        self.changed_this_reply = False
 
     def _counts(self) -> list[_Counts]:
         return [self._all, *self._by_condition.values()]
@@ -93,6 +96,7 @@ class AcceptanceModel:
             for counts in self._counts():
                 counts.drop_inherited()
             self._inherited_rate = None
+            self.changed_this_reply = True
 
     def conditional(self, condition: Hashable = None, optimism: float = 0.0) -> list[float]:
         """[p_0, p_1, ...]: acceptance at each position given every earlier one was accepted.
@@ -100,9 +104,11 @@ class AcceptanceModel:
         optimism z > 0 raises p_0 to an upper confidence bound, p + z * sqrt(p (1 - p) / (n + 1)) with
         n the (decayed) rounds behind it: a drafter measured a few times gets tried a few more times
         before one unlucky round can write it off. (Later positions already start from an optimistic
-        prior, PRIOR_AFTER_ACCEPT.)"""
+        prior, PRIOR_AFTER_ACCEPT.) Not in a reply that has contradicted the earlier ones: its rounds
+        agreed with each other well enough to overrule them, and optimism would keep a poor draft
+        going for rounds more."""
         estimates = [p for p, _ in self._estimates(condition)]
-        if optimism > 0:
+        if optimism > 0 and not self.changed_this_reply:
             p, n = estimates[0], self.observations(condition)
             estimates[0] = min(1.0, p + optimism * (p * (1 - p) / (n + 1)) ** 0.5)
         return estimates

@@ -187,11 +187,10 @@ class ChatEngine:
                 # (well under a second) rescales it when the machine is faster or slower, and has it
                 # measured again when its shape is off: t(4) / t(1) is what adaptive K trades on.
                 now = self._measure(runner, CHECK_SIZES, repeats=CHECK_REPEATS)
-                ratio = now[1] / stored[1]
                 if not self._shape_agrees(stored, now):
                     # a moment of load can bend one quick measurement: only a second one confirms it
                     now = self._measure(runner, CHECK_SIZES, repeats=CHECK_REPEATS)
-                    ratio = now[1] / stored[1]
+                ratio = now[1] / stored[1]
                 if not self._shape_agrees(stored, now):
                     stored = None
                 elif not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:

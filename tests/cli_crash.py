@@ -123,18 +123,25 @@ def run_once(
     _, content, status = rows[1]
     if status != ("cancelled" if sig == signal.SIGINT else "streaming"):
         result.problems.append(f"reply status {status!r}")
+    count_loss(result, printed, content, arrivals, killed_at)
+    return result
+
+
+def count_loss(
+    result: CrashResult, printed: str, content: str, arrivals: list[tuple[float, bytes]], killed_at: float
+) -> None:
+    """Compares the stored reply with what was printed: characters lost, and how long before the
+    kill the first lost one was printed (the arrivals are walked until the stored text is covered)."""
     if not printed.startswith(content):
         result.problems.append("the stored reply is not a prefix of the printed one")
     result.stored_chars = len(content)
     result.lost_chars = len(printed) - len(content)
-    # When was the first lost character printed? Walk the arrivals until the stored text is covered.
     seen = 0
     for at, data in arrivals:
         seen += len(data.decode("utf-8", "replace"))
         if seen > len(content):
             result.lost_s = max(0.0, killed_at - at)
             break
-    return result
 
 
 def run_mid_load(

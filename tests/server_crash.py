@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from cli_crash import CLI, MIN_PRINTED, PROMPTS, CrashResult, _reader
+from cli_crash import CLI, MIN_PRINTED, PROMPTS, CrashResult, _reader, count_loss
 
 START_TIMEOUT_S = 300
 LONGEST_LOAD_S = 3.0  # a mid-load kill comes 0..LONGEST_LOAD_S s after the server was started
@@ -111,17 +111,7 @@ def run_mid_stream(folder: Path, seed: int, target: str | Path, db: Path) -> Cra
     if [(role, status) for _, role, _, status in new] != [("user", "complete"), ("assistant", "interrupted")]:
         result.problems.append(f"new rows {new!r:.200}")
         return result
-    content = new[1][2]
-    if not printed.startswith(content):
-        result.problems.append("the stored reply is not a prefix of the printed one")
-    result.stored_chars = len(content)
-    result.lost_chars = len(printed) - len(content)
-    seen = 0
-    for at, data in arrivals:
-        seen += len(data.decode("utf-8", "replace"))
-        if seen > len(content):
-            result.lost_s = max(0.0, killed_at - at)
-            break
+    count_loss(result, printed, new[1][2], arrivals, killed_at)
     return result
 
 

@@ -27,6 +27,21 @@ import test_store_crash as writer_crash  # noqa: E402
 GOAL_S = 0.5
 
 
+def summarize(path: str, streams: list, loads: list) -> bool:
+    """Prints one path's figures (CrashResults of mid-stream and mid-load kills); True when every goal is met."""
+    results = streams + loads
+    lost = sum(r.messages_lost for r in results)
+    bad = sum(r.integrity != "ok" for r in results)
+    worst = max(streams, key=lambda r: r.lost_s)
+    problems = [p for r in results for p in r.problems]
+    print(
+        f"{path}: {len(results)} kill -9 runs ({len(streams)} mid-stream, {len(loads)} mid-load), "
+        f"messages lost {lost}, integrity_check not ok {bad}, "
+        f"largest loss {worst.lost_s:.2f} s of output ({worst.lost_chars} chars), problems {len(problems)}"
+    )
+    return lost == 0 and bad == 0 and worst.lost_s <= GOAL_S and not problems
+
+
 def soak_cli(folder: Path, runs: int, target) -> bool:
     streams, loads = [], []
     for seed in range(runs):
@@ -39,17 +54,7 @@ def soak_cli(folder: Path, runs: int, target) -> bool:
         print(
             f"  cli run {seed}: lost {r.lost_chars} chars ({r.lost_s:.2f} s) {r.problems or ''}", flush=True
         )
-    results = streams + loads
-    lost = sum(r.messages_lost for r in results)
-    bad = sum(r.integrity != "ok" for r in results)
-    worst = max(streams, key=lambda r: r.lost_s)
-    problems = [p for r in results for p in r.problems]
-    print(
-        f"CLI: {runs} kill -9 runs ({len(streams)} mid-stream, {len(loads)} mid-load), messages lost {lost}, "
-        f"integrity_check not ok {bad}, "
-        f"largest loss {worst.lost_s:.2f} s of output ({worst.lost_chars} chars), problems {len(problems)}"
-    )
-    return lost == 0 and bad == 0 and worst.lost_s <= GOAL_S and not problems
+    return summarize("CLI", streams, loads)
 
 
 def soak_server(folder: Path, runs: int, target) -> bool:
@@ -62,17 +67,7 @@ def soak_server(folder: Path, runs: int, target) -> bool:
         (loads if mid_load else streams).append(r)
         what = "mid-load" if mid_load else f"lost {r.lost_chars} chars ({r.lost_s:.2f} s)"
         print(f"  server run {seed}: {what} {r.problems or ''}", flush=True)
-    results = streams + loads
-    lost = sum(r.messages_lost for r in results)
-    bad = sum(r.integrity != "ok" for r in results)
-    worst = max(streams, key=lambda r: r.lost_s)
-    problems = [p for r in results for p in r.problems]
-    print(
-        f"server: {runs} kill -9 runs ({len(streams)} mid-stream, {len(loads)} mid-load), messages lost {lost}, "
-        f"integrity_check not ok {bad}, largest loss {worst.lost_s:.2f} s of output ({worst.lost_chars} chars), "
-        f"problems {len(problems)}"
-    )
-    return lost == 0 and bad == 0 and worst.lost_s <= GOAL_S and not problems
+    return summarize("server", streams, loads)
 
 
 def soak_writer(folder: Path, runs: int) -> bool:

@@ -201,12 +201,18 @@ def test_user_message_is_committed_before_generation(qtbot, store):
     assert store.get_message(thread[1].id).content == "a" * 150
 
 
-def test_stop_keeps_ui_responsive_and_stores_partial_text_as_cancelled(qtbot, store):
-    engine = ScriptedEngine([f"w{i} " for i in range(2000)], delay_s=0.01)
+def start_long_reply(qtbot, store, words: int = 2000) -> tuple[MainWindow, ScriptedEngine]:
+    """A window writing a reply of `words` words, 10 ms each, with its first ten on screen."""
+    engine = ScriptedEngine([f"w{i} " for i in range(words)], delay_s=0.01)
     window = open_window(qtbot, store, engine)
     window.message_edit.setPlainText("Go on forever")
     window.send()
     qtbot.waitUntil(lambda: len(window.reply.spans) >= 10 if window.reply else False, timeout=3000)
+    return window, engine
+
+
+def test_stop_keeps_ui_responsive_and_stores_partial_text_as_cancelled(qtbot, store):
+    window, engine = start_long_reply(qtbot, store)
     assert window.send_button.text() == "Stop"
 
     # Esc only asks the worker to stop: the GUI thread is back at once, in the "Stopping" state, and the

@@ -8,7 +8,7 @@ import json
 import sqlite3
 
 import pytest
-from test_app import ScriptedEngine, factory_for, open_window, send
+from test_app import ScriptedEngine, factory_for, open_window, send, start_long_reply
 
 from app.conversation_actions import ConversationActions
 from app.help_dialog import HelpDialog
@@ -326,11 +326,7 @@ def test_the_last_conversation_opens_once_at_start(qtbot, store):
 
 
 def test_quitting_mid_reply_asks_first_and_keeps_the_text(qtbot, store):
-    engine = ScriptedEngine([f"w{i} " for i in range(3000)], delay_s=0.01)
-    window = open_window(qtbot, store, engine)
-    window.message_edit.setPlainText("Go on forever")
-    window.send()
-    qtbot.waitUntil(lambda: len(window.reply.spans) >= 10 if window.reply else False, timeout=3000)
+    window, _ = start_long_reply(qtbot, store, words=3000)
     quit_action = menu_action(window, "Chat", "Quit")
 
     quit_action.trigger()
@@ -347,11 +343,7 @@ def test_quitting_mid_reply_asks_first_and_keeps_the_text(qtbot, store):
 
 
 def test_stop_and_quit_in_the_question_closes_the_window(qtbot, store):
-    engine = ScriptedEngine([f"w{i} " for i in range(3000)], delay_s=0.01)
-    window = open_window(qtbot, store, engine)
-    window.message_edit.setPlainText("Go on forever")
-    window.send()
-    qtbot.waitUntil(lambda: len(window.reply.spans) >= 10 if window.reply else False, timeout=3000)
+    window, _ = start_long_reply(qtbot, store, words=3000)
     menu_action(window, "Chat", "Quit").trigger()
     box = window.close_question
     next(b for b in box.buttons() if b.text() == "Stop and quit").click()

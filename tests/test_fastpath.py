@@ -78,6 +78,26 @@ def test_eager_fast_path_matches_transformers(make_tiny, chunk):
     assert greedy(fast, PROMPT) == greedy(ModelRunner(loaded.model), PROMPT)
 
 
+def test_fused_projections_are_the_models_own_weights(make_tiny):
+    """Fusing q/k/v and gate/up adds no memory and leaves the model's own forward as it was."""
+    loaded = make_tiny(seed=5)
+    ids = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        before = loaded.model(ids).logits
+    first = FastRunner(loaded.model, compiled="off")
+    assert first.fast.unfused_reason is None and first.fast.fused is not None
+    layer, fused = loaded.model.model.layers[0], first.fast.fused[0]
+    attn = layer.self_attn
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == fused.qkv_weight.untyped_storage().data_ptr()
+    assert attn.v_proj.weight.data_ptr() == fused.qkv_weight[-attn.v_proj.out_features].data_ptr()
+    assert layer.mlp.up_proj.weight.data_ptr() == fused.gate_up_weight[layer.mlp.gate_proj.out_features].data_ptr()
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded.model(ids).logits, before, atol=0, rtol=0)
+    second = FastRunner(loaded.model, compiled="off")  # a second runner reuses the fused weights
+    assert second.fast.fused[0].qkv_weight.data_ptr() == fused.qkv_weight.data_ptr()
+    assert greedy(second, PROMPT) == greedy(first, PROMPT) == greedy(ModelRunner(loaded.model), PROMPT)
+
+
 def test_rollback_is_free_and_stale_slots_are_masked(make_tiny):
     loaded = make_tiny(seed=4)
     fast = FastRunner(loaded.model, compiled="off")
@@ -89,24 +109,30 @@ def test_rollback_is_free_and_stale_slots_are_masked(make_tiny):
     torch.testing.assert_close(fast.forward([42]), after_prompt, atol=0, rtol=0)
 
 
-def test_qwen2_biases(builtin_tokenizer):
-    from transformers import AutoModelForCausalLM, Qwen2Config
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_qwen_families(builtin_tokenizer, family):
+    """Qwen2's q/k/v biases run fused; Qwen3's per-head q/k norms run on the model's own modules."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
-    config = Qwen2Config(
+    config = (Qwen2Config if family == "qwen2" else Qwen3Config)(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=16,
         vocab_size=len(builtin_tokenizer),
         max_position_embeddings=512,
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
-        model.model.layers[0].self_attn.q_proj.bias.normal_()
+        attn = model.model.layers[0].self_attn
+        (attn.q_proj.bias if family == "qwen2" else attn.q_norm.weight).normal_()
     reference = replay(ModelRunner(model), PROMPT)
-    for expected, actual in zip(reference, replay(FastRunner(model, compiled="off"), PROMPT), strict=True):
+    fast = FastRunner(model, compiled="off")
+    assert (fast.fast.fused is None) == (family == "qwen3"), fast.fast.unfused_reason
+    for expected, actual in zip(reference, replay(fast, PROMPT), strict=True):
         torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
 
 
@@ -253,6 +279,7 @@ def test_quantized_draft_runs_eagerly_with_notice(make_tiny):
     )
     fast = FastRunner(quantized, compiled="auto")
     assert not fast.is_compiled and "quantized" in fast.notice
+    assert fast.fast.fused is None and "quantized" in fast.fast.unfused_reason
     # Activations are quantized with one scale per call over all its rows, and transformers runs the
     # head on the last prompt row only: compare on average rather than element by element.
     reference = replay(ModelRunner(quantized), PROMPT)

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from engine.models.memory import cache_tokens_for
 from engine.runtime.eager import ModelRunner
+from engine.runtime.fused_layer import FusedLayer, fusable_reason, signed_sin
 from engine.runtime.protocol import Runner
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -69,7 +70,11 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 class FastLlama(nn.Module):
-    """forward(ids [1, T], input_pos [T], mask [T, W]) -> logits [1, T, V], attending over slots [0, W)."""
+    """forward(ids [1, T], input_pos [T], mask [T, W]) -> logits [1, T, V], attending over slots [0, W).
+
+    Layers run fused (engine.runtime.fused_layer) when every layer allows it; `unfused_reason`
+    says why not otherwise (quantized drafts, Qwen3's per-head norms).
+    """
 
     def __init__(self, hf_model, max_seq_length: int):
         super().__init__()
@@ -101,30 +106,56 @@ class FastLlama(nn.Module):
             cos, sin = inner.rotary_emb(weight[:1].unsqueeze(0), positions)  # [1, S, D] each
         self.register_buffer("rope_cos", cos[0].to(dtype), persistent=False)  # [S, D]
         self.register_buffer("rope_sin", sin[0].to(dtype), persistent=False)
+        self.unfused_reason = next(filter(None, (fusable_reason(layer, config) for layer in self.layers)), None)
+        self.fused = None
+        if self.unfused_reason is None:
+            self.register_buffer("rope_sin_signed", signed_sin(self.rope_sin), persistent=False)
+            self.fused = nn.ModuleList(
+                FusedLayer(layer, config, self.n_heads, self.n_kv_heads, self.head_dim) for layer in self.layers
+            )
 
-    def forward(self, ids: Tensor, input_pos: Tensor, mask: Tensor, slots: Tensor | None = None) -> Tensor:
-        # ids: [1, T], input_pos: [T] (RoPE positions), mask: [T, W] bool (True = may attend),
-        # slots: [T] KV slots to write (default input_pos; a token tree writes siblings at one position)
+    def forward(
+        self, ids: Tensor, input_pos: Tensor, mask: Tensor | None, slots: Tensor | None = None, window: int = 0
+    ) -> Tensor:
+        # ids: [1, T], input_pos: [T] (RoPE positions), mask: [T, W] bool (True = may attend), or None
+        # when every slot in [0, window) is visible; slots: [T] KV slots to write (default input_pos;
+        # a token tree writes siblings at one position)
         slots = input_pos if slots is None else slots
-        cos = self.rope_cos[input_pos]  # [T, D]
-        sin = self.rope_sin[input_pos]
+        G = self.n_heads // self.n_kv_heads
         x = self.embed_tokens(ids)  # [1, T, C]
+        attn_mask = None
+        if mask is not None:
+            window = mask.shape[-1]
+            # additive, and repeated once here for the G query heads per KV head, not in every layer
+            attn_mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
+            attn_mask = attn_mask.repeat(G, 1)  # [G*T, W]
         features = {}
-        for index, (layer, kv_cache) in enumerate(zip(self.layers, self.kv_caches, strict=True)):
-            if index in self.capture:
-                features[index] = x
-            x = x + self.attention(layer.self_attn, layer.input_layernorm(x), kv_cache, slots, cos, sin, mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if self.fused is not None:
+            cos = self.rope_cos[input_pos].unsqueeze(1)  # [T, 1, D]
+            sin = self.rope_sin_signed[input_pos].unsqueeze(1)
+            for index, (layer, kv_cache) in enumerate(zip(self.fused, self.kv_caches, strict=True)):
+                if index in self.capture:
+                    features[index] = x
+                x = layer(x, kv_cache, slots, cos, sin, attn_mask, window)
+        else:
+            cos = self.rope_cos[input_pos]  # [T, D]
+            sin = self.rope_sin[input_pos]
+            for index, (layer, kv_cache) in enumerate(zip(self.layers, self.kv_caches, strict=True)):
+                if index in self.capture:
+                    features[index] = x
+                h = self.attention(layer.self_attn, layer.input_layernorm(x), kv_cache, slots, cos, sin, attn_mask, window)
+                x = x + h
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.norm(x)
         if self.capture:
             features[len(self.layers)] = x
             self.captured = torch.cat([features[i][0] for i in self.capture], dim=-1)  # [T, F*C]
         return self.lm_head(x)  # [1, T, V]
 
-    def attention(self, attn, x, kv_cache, slots, cos, sin, mask) -> Tensor:
+    def attention(self, attn, x, kv_cache, slots, cos, sin, attn_mask, window: int) -> Tensor:
         _, T, _ = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
-        G, W = H // KV, mask.shape[-1]
+        G, W = H // KV, window
         q = attn.q_proj(x).view(1, T, H, D)
         k = attn.k_proj(x).view(1, T, KV, D)
         v = attn.v_proj(x).view(1, T, KV, D)
@@ -139,7 +170,7 @@ class FastLlama(nn.Module):
         # Grouped-query attention without repeating K/V: the G query heads that share a KV head
         # (heads kv*G .. kv*G+G-1, as in transformers' repeat_kv) become G*T query rows.
         q = q.reshape(1, KV, G * T, D)
-        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask.repeat(G, 1))  # [1, KV, G*T, D]
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)  # [1, KV, G*T, D]
         y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
         return attn.o_proj(y)  # [1, T, C]
 
@@ -367,9 +398,11 @@ class FastRunner(ModelRunner):
 
     def _run(self, module, ids: Tensor, start: int, window: int) -> Tensor:
         self.fast.capture = self.capture_hidden
-        input_pos = torch.arange(start, start + ids.numel(), device=self.device)  # [T]
-        mask = causal_mask(input_pos, window)  # [T, W]
-        return module(ids.view(1, -1), input_pos, mask)[0].float()  # [T, V]
+        n = ids.numel()
+        input_pos = torch.arange(start, start + n, device=self.device)  # [T]
+        # one new token at the end of the window sees all of it: no mask to build or apply
+        mask = None if n == 1 and window == start + 1 else causal_mask(input_pos, window)  # [T, W]
+        return module(ids.view(1, -1), input_pos, mask, None, window)[0].float()  # [T, V]
 
     def _run_compiled(self, ids: Tensor, start: int, window: int) -> Tensor | None:
         key = ids.numel()

@@ -1,0 +1,139 @@
+"""A decoder layer's projections fused into fewer, larger matmuls, for the fast path's forward.
+
+At one token per step a small model's forward is a few hundred tiny ops, and on a CPU each op's
+dispatch costs microseconds while its matmul only streams weights from memory. Fusing q, k and v
+into one matmul and gate and up into another (as llama.cpp, vLLM and gpt-fast do) cuts seven
+matmuls per layer to four, and one RoPE over the queries and keys together replaces two.
+
+The fused weight is the only copy: the model's own q/k/v (and gate/up) Linear modules are pointed
+at row slices of it, so the model keeps working as it was and no memory is added.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Norm classes whose forward is weight * x * rsqrt(mean(x^2) + eps), which F.rms_norm computes in one op.
+PLAIN_RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+# layer -> its fused tensors; kept outside the module so that a deep copy (a quantized draft made
+# from the model) does not carry float copies along
+_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _plain_linear(module) -> bool:
+    return (
+        type(module) is nn.Linear
+        and not hasattr(module, "_hf_hook")  # accelerate's offloading moves weights at call time
+        and module.weight.device.type != "meta"
+    )
+
+
+def fusable_reason(layer, config) -> str | None:
+    """Why `layer` must run unfused (as its own modules), or None when it can be fused."""
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    if not all(_plain_linear(p) for p in projections):
+        return "quantized or offloaded projections"
+    if len({p.weight.dtype for p in projections}) != 1:
+        return "mixed weight types"
+    if len({attn.q_proj.bias is None, attn.k_proj.bias is None, attn.v_proj.bias is None}) != 1:
+        return "some of q, k, v have a bias"
+    if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
+        return "gate/up biases"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act}"
+    if hasattr(attn, "q_norm"):
+        return "per-head query/key norms"
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if not all(type(n).__name__ in PLAIN_RMS_NORMS for n in norms):
+        return "a norm other than RMSNorm"
+    return None
+
+
+def _fuse(linears: list[nn.Linear], with_bias: bool) -> tuple[Tensor, Tensor | None]:
+    """One [sum(out), in] weight (and bias) whose row slices become the modules' own parameters."""
+    weight = torch.cat([linear.weight.detach() for linear in linears])
+    bias = torch.cat([linear.bias.detach() for linear in linears]) if with_bias else None
+    start = 0
+    for linear in linears:
+        end = start + linear.out_features
+        linear.weight = nn.Parameter(weight[start:end], requires_grad=False)
+        if bias is not None:
+            linear.bias = nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return weight, bias
+
+
+def _already_fused(linears: list[nn.Linear], weight: Tensor) -> bool:
+    """True when the modules still point into `weight` (a second runner over the same model)."""
+    start = 0
+    for linear in linears:
+        if linear.weight.data_ptr() != weight[start].data_ptr():
+            return False
+        start += linear.out_features
+    return start == weight.shape[0]
+
+
+class FusedLayer(nn.Module):
+    """forward(x, kv_cache, slots, cos, sin_signed, attn_mask, window) for one Llama/Qwen2 layer.
+
+    x: [1, T, C]; cos and sin_signed: [T, D] with rotate_half's sign folded into sin, so that RoPE is
+    x * cos + roll(x, D/2) * sin_signed; attn_mask: None (every slot < window visible) or an
+    additive float mask [G*T, window] already repeated for the G query heads that share a KV head.
+    """
+
+    def __init__(self, layer, config, n_heads: int, n_kv_heads: int, head_dim: int):
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        gate_up = [mlp.gate_proj, mlp.up_proj]
+        cached = _FUSED.get(layer)
+        if cached is None or not (_already_fused(qkv, cached[0]) and _already_fused(gate_up, cached[2])):
+            qkv_weight, qkv_bias = _fuse(qkv, with_bias=attn.q_proj.bias is not None)
+            gate_up_weight, _ = _fuse(gate_up, with_bias=False)
+            cached = (qkv_weight, qkv_bias, gate_up_weight)
+            _FUSED[layer] = cached
+        self.register_buffer("qkv_weight", cached[0], persistent=False)
+        self.register_buffer("qkv_bias", cached[1], persistent=False)
+        self.register_buffer("gate_up_weight", cached[2], persistent=False)
+        self.o_proj, self.down_proj = attn.o_proj, mlp.down_proj
+        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        self.eps = float(layer.input_layernorm.variance_epsilon)
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.hidden_size = config.hidden_size
+
+    def forward(self, x, kv_cache, slots, cos, sin_signed, attn_mask, window: int) -> Tensor:
+        _, T, C = x.shape
+        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        G = H // KV
+        h = self._norm(x, self.input_norm)
+        qkv = F.linear(h, self.qkv_weight, self.qkv_bias).view(1, T, H + 2 * KV, D)
+        qk = qkv[:, :, : H + KV]
+        qk = qk * cos + torch.roll(qk, D // 2, dims=-1) * sin_signed  # [1, T, H+KV, D]
+        q = qk[:, :, :H].transpose(1, 2)  # [1, H, T, D]
+        k = qk[:, :, H:].transpose(1, 2)  # [1, KV, T, D]
+        v = qkv[:, :, H + KV :].transpose(1, 2)
+        k_all, v_all = kv_cache.update(slots, k, v)
+        k_all, v_all = k_all[:, :, :window], v_all[:, :, :window]
+        # The G query heads that share a KV head become G*T query rows (no repeated K/V).
+        q = q.reshape(1, KV, G * T, D)
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)  # [1, KV, G*T, D]
+        y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
+        x = x + self.o_proj(y)
+        gate, up = F.linear(self._norm(x, self.post_norm), self.gate_up_weight).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+    def _norm(self, x: Tensor, norm) -> Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (self.hidden_size,), norm.weight, self.eps)
+        return norm(x)  # the model's own rounding for half-precision inputs
+
+
+def signed_sin(sin: Tensor) -> Tensor:
+    """sin with rotate_half's sign folded in: rotate_half(x) * sin == roll(x, D/2) * signed_sin(sin)."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)

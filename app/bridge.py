@@ -163,6 +163,9 @@ class EngineWorker(QObject):
     round_stats = Signal(object)  # GenerationStats, a copy the GUI may keep
     finished = Signal(object)  # Finished
     failed = Signal(str, str)  # message for the user, details
+    # the engine's background optimization (ChatEngine.optimize_in_background), from its own thread
+    optimizing = Signal(str, int, int)
+    optimized = Signal(str)  # how it ended, for the user
 
     def __init__(self, factory: EngineFactory):
         super().__init__()
@@ -192,6 +195,9 @@ class EngineWorker(QObject):
             return
         self._engine = engine
         self.loaded.emit(info)
+        start = getattr(engine, "optimize_in_background", None)
+        if start is not None:
+            start(self.optimizing.emit, self.optimized.emit)
 
     @Slot(object, object)
     def apply_settings(self, speculation: SpeculationSettings, sampling: SamplingSettings) -> None:

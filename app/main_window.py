@@ -29,7 +29,7 @@ from app.reply import UPDATE_INTERVAL_S, Reply, UnsavedReply
 from app.sidebar import Sidebar
 from app.stats_panel import StatsPanel
 from app.storage_guard import StorageBanner, guarded
-from app.window_loading import ModelLoading
+from app.window_loading import ModelLoading, optimize_label
 from app.window_menus import build_menus, shortcut_actions
 from app.window_replies import ReplyEvents
 
@@ -110,7 +110,9 @@ class MainWindow(ModelLoading, ReplyEvents, QtWidgets.QMainWindow):
 
         self.models_label = QtWidgets.QLabel("No model loaded", self)
         self.activity_label = QtWidgets.QLabel("", self)
+        self.optimize_label = optimize_label(self)  # the engine's background optimization
         self.statusBar().addWidget(self.models_label, 1)
+        self.statusBar().addPermanentWidget(self.optimize_label)
         self.statusBar().addPermanentWidget(self.activity_label)
 
         self.sidebar.conversation_selected.connect(self.open_conversation)
@@ -129,6 +131,7 @@ class MainWindow(ModelLoading, ReplyEvents, QtWidgets.QMainWindow):
         worker = self.bridge.worker
         worker.progress.connect(self._on_progress)
         worker.loaded.connect(self._on_loaded)
+        self.connect_optimizing(worker)
         worker.load_failed.connect(self._on_load_failed)
         worker.load_cancelled.connect(self._on_load_cancelled)
         worker.piece.connect(self._on_piece)

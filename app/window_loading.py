@@ -39,6 +39,23 @@ class ModelLoading:
             self.progress_dialog.setMaximum(max(total, 0))
             self.progress_dialog.setValue(min(done, total) if total > 0 else 0)
 
+    def connect_optimizing(self, worker) -> None:
+        """The engine's background optimization (ChatEngine.optimize_in_background), in the status bar."""
+        worker.optimizing.connect(self._on_optimizing)
+        worker.optimized.connect(self._on_optimized)
+
+    @Slot(str, int, int)
+    def _on_optimizing(self, stage: str, done: int, total: int) -> None:
+        text = stage[:1].upper() + stage[1:]
+        self.optimize_label.setText(f"{text}… {done}/{total}" if total > 0 else f"{text}…")
+
+    @Slot(str)
+    def _on_optimized(self, message: str) -> None:
+        self.optimize_label.setText("")
+        self.statusBar().showMessage(message, 15000)
+        tip = self.models_label.toolTip()
+        self.models_label.setToolTip("\n".join(filter(None, [tip, message])))
+
     @Slot(object)
     def _on_loaded(self, info: EngineInfo) -> None:
         self._close_progress()
@@ -85,6 +102,13 @@ class ModelLoading:
             self.load_models()
         else:
             self.bridge.apply_settings(config.speculation(), config.sampling())
+
+
+def optimize_label(parent) -> QtWidgets.QLabel:
+    """Where the engine's background optimization shows its progress; empty otherwise."""
+    label = QtWidgets.QLabel("", parent)
+    label.setToolTip("Replies run uncompiled until the compiled path for this machine is ready.")
+    return label
 
 
 def _drafter_of(info: EngineInfo, config: AppConfig) -> str:

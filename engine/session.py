@@ -7,6 +7,7 @@ replace `engine.speculation` / `engine.decoding.sampling` between replies.
 
 from __future__ import annotations
 
+import os
 import threading
 import traceback
 from collections.abc import Callable
@@ -74,6 +75,9 @@ class ChatEngine:
         self._head = None
         self.draft: LoadedModel | None = None
         self._model_drafter: ModelDrafter | None = None
+        self._optimizer: threading.Thread | None = None  # optimize_in_background's thread
+        self.optimizing = ""  # what the background build is doing, while it runs
+        self._compile_notice = ""  # why a compiled forward was not built, when it was not
         self.set_draft(draft)
 
     # --- models ---------------------------------------------------------------------------------
@@ -234,18 +238,125 @@ class ChatEngine:
 
     def prepare(self, progress=None) -> None:
         """Work before the first reply, so that it does not wait: compiles the forwards (when compilation
-        is on), then measures the verify cost (or reads it back from an earlier start)."""
+        is on, or on CPU with "auto" when an earlier start built them: seconds), and measures the
+        verify cost (or reads it back from an earlier start)."""
+        from engine.runtime import compile_build
+
         with self._lock:
+            if getattr(self._runner, "is_compiled", False):
+                self._runner.compiled_capture = self._compiled_capture()
             for runner in (self._runner, getattr(self._model_drafter, "runner", None)):
                 if runner is not None and getattr(runner, "is_compiled", False):
                     runner.warm_up(progress=progress)
             self.calibrate(progress)
+            # a CPU build that an earlier start finished: seconds from inductor's cache, before "Ready"
+            if self._may_compile_later() and compile_build.is_built(self.target, self._compiled_capture()):
+                self._compile_notice = self._compile_from_cache(progress) or ""
+
+    def optimize_in_background(
+        self,
+        progress: Callable[[str, int, int], None] | None = None,
+        on_done: Callable[[str], None] | None = None,
+    ) -> bool:
+        """With compiled="auto" on CPU, when the compiled forward is not built yet: builds it in a
+        helper process (engine.runtime.compile_build) while replies run eagerly, then compiles it
+        from inductor's cache between replies (seconds), switches to it and measures its verify cost.
+
+        progress(stage, done, total) reports each step; on_done(message) says how it ended, in words
+        for the user. False when there is nothing to build: compiled is not "auto", the runner is
+        compiled already or cannot be, TANDEM_COMPILE=off, or a second copy would not fit in memory
+        (`notices` then says so).
+        """
+        from engine.runtime import compile_build
+
+        if not self._may_compile_later() or self._optimizer is not None:
+            return False
+        if not compile_build.helper_fits(self.target):
+            self._compile_notice = (
+                "Running without compilation: building it beside the app would need a second copy of the "
+                "model in memory. Set 'compiled' to 'on' to build it at load time instead."
+            )
+            return False
+        capture = self._compiled_capture()
+
+        def build() -> None:
+            self.optimizing = "optimizing for this machine"
+            failure = compile_build.build_in_helper(self.target, capture, progress)
+            eager_step_s = self._step_time_s
+            if failure is None:
+                with self._lock:  # between replies
+                    failure = self._compile_from_cache(progress)
+            self.optimizing = ""
+            if failure is None and eager_step_s:
+                message = (
+                    f"Optimized for this machine: a token now takes {self._step_time_s * 1e3:.0f} ms "
+                    f"(uncompiled {eager_step_s * 1e3:.0f} ms), measured."
+                )
+            else:
+                self._compile_notice = failure or ""
+                message = failure or "Optimized for this machine."
+            if on_done is not None:
+                on_done(message)
+
+        self._optimizer = threading.Thread(target=build, name="tandem-optimize", daemon=True)
+        self._optimizer.start()
+        return True
+
+    def _may_compile_later(self) -> bool:
+        runner = self._runner
+        return (
+            self.compiled == "auto"
+            and hasattr(runner, "compile_now")
+            and not runner.is_compiled
+            and runner.compile_refusal() is None
+            and os.environ.get("TANDEM_COMPILE", "").lower() != "off"
+        )
+
+    def _compiled_capture(self) -> tuple[int, ...]:
+        """The features the compiled forward always returns: the layers a fitting draft head reads."""
+        head = self._fitting_head()
+        return tuple(head.wants_hidden) if head is not None else ()
+
+    def _compile_from_cache(self, progress=None) -> str | None:
+        """Compiles the target's forward (seconds from inductor's cache), switches to it and measures
+        it; None when done, else why not (the runner stays eager). Holds no lock itself."""
+        self._runner.compiled_capture = self._compiled_capture()
+        if not self._runner.compile_now(progress):
+            return self._runner.notice or "Running without compilation."
+        self._recalibrate(progress)
+        return None
+
+    def wait_optimized(self, timeout: float | None = None) -> bool:
+        """Waits for a background build; True when none runs any more."""
+        if self._optimizer is not None:
+            self._optimizer.join(timeout)
+        return self._optimizer is None or not self._optimizer.is_alive()
+
+    def _recalibrate(self, progress=None) -> None:
+        """Measures the runner's verify cost again (it changed), keeping the curve object the planners hold."""
+        kept = self._verify_curve
+        self._step_time_s = None
+        self.calibrate(progress)
+        if kept is not None:
+            kept.replace(self._verify_curve.seconds)
+            self._verify_curve = kept
+
+    @property
+    def runs_compiled(self) -> bool:
+        """Whether the target's forward runs compiled now."""
+        return bool(getattr(self._runner, "is_compiled", False))
 
     @property
     def notices(self) -> list[str]:
         """What the user should know about how the models run (no compilation, generic path)."""
         runners = [self._runner, getattr(self._model_drafter, "runner", None)]
-        return list(dict.fromkeys(r.notice for r in runners if r is not None and r.notice))
+        found = [r.notice for r in runners if r is not None and r.notice] + [self._compile_notice]
+        found = [notice for notice in found if notice]
+        if self.optimizing:
+            found.insert(
+                0, "Optimizing for this machine in the background; replies run uncompiled until then."
+            )
+        return list(dict.fromkeys(found))
 
     # --- internals -----------------------------------------------------------------------------
 
@@ -297,13 +408,8 @@ class ChatEngine:
         return self._head[1]
 
     def _fitting_head(self) -> Drafter | None:
-        """The draft head for `auto`, when one fits this target (shipped or head_source); else None.
-        Not on a compiled runner: the target's features come from eager forwards, which would cost
-        every round the compiled speed."""
+        """The draft head for `auto`, when one fits this target (shipped or head_source); else None."""
         from engine.errors import IncompatibleDraftError
-
-        if getattr(self._runner, "is_compiled", False):
-            return None
 
         try:
             return self._head_drafter()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 
 import pytest
 from test_app import ScriptedEngine, factory_for, open_window, send, start_long_reply
@@ -357,3 +358,35 @@ def test_quitting_without_a_reply_in_progress_asks_nothing(qtbot, store):
     send(qtbot, window, "hi")
     menu_action(window, "Chat", "Quit").trigger()
     assert window.close_question is None and not window.isVisible()
+
+
+class OptimizingEngine(ScriptedEngine):
+    """Builds "the compiled path" on a thread of its own, as ChatEngine.optimize_in_background does,
+    and reports through the same two callbacks; `release` lets it finish."""
+
+    def __init__(self, replies):
+        super().__init__(replies)
+        self.release = threading.Event()
+
+    def optimize_in_background(self, progress=None, on_done=None) -> bool:
+        def build():
+            progress("optimizing for this machine", 1, 2)
+            self.release.wait(10)
+            on_done("Optimized for this machine: a token now takes 22 ms (uncompiled 27 ms), measured.")
+
+        threading.Thread(target=build, daemon=True).start()
+        return True
+
+
+def test_background_optimization_shows_in_the_status_bar_while_replies_go_on(qtbot, store):
+    engine = OptimizingEngine(["still answering"])
+    window = open_window(qtbot, store, engine)
+    qtbot.waitUntil(lambda: window.optimize_label.text() == "Optimizing for this machine… 1/2")
+    send(qtbot, window, "hi")  # replies go on meanwhile
+    assert [m.content for m in store.thread(window.conversation_id)] == ["hi", "still answering"]
+    engine.release.set()
+    qtbot.waitUntil(lambda: window.optimize_label.text() == "")
+    assert (
+        window.statusBar().currentMessage().startswith("Optimized for this machine: a token now takes 22 ms")
+    )
+    assert "uncompiled 27 ms" in window.models_label.toolTip()

@@ -90,7 +90,10 @@ def test_fused_projections_are_the_models_own_weights(make_tiny):
     attn = layer.self_attn
     assert attn.q_proj.weight.untyped_storage().data_ptr() == fused.qkv_weight.untyped_storage().data_ptr()
     assert attn.v_proj.weight.data_ptr() == fused.qkv_weight[-attn.v_proj.out_features].data_ptr()
-    assert layer.mlp.up_proj.weight.data_ptr() == fused.gate_up_weight[layer.mlp.gate_proj.out_features].data_ptr()
+    assert (
+        layer.mlp.up_proj.weight.data_ptr()
+        == fused.gate_up_weight[layer.mlp.gate_proj.out_features].data_ptr()
+    )
     with torch.inference_mode():
         torch.testing.assert_close(loaded.model(ids).logits, before, atol=0, rtol=0)
     second = FastRunner(loaded.model, compiled="off")  # a second runner reuses the fused weights
@@ -146,28 +149,66 @@ def test_unsupported_model_type_is_refused(make_tiny):
         loaded.model.config.model_type = "llama"
 
 
-def test_compiled_shapes_match_eager(make_tiny, monkeypatch):
-    """Traced and functionalized as inductor sees it (aot_eager keeps the test fast): sizes, padding, mutation."""
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic-shapes", "fixed-sizes"])
+def test_compiled_shapes_match_eager(make_tiny, monkeypatch, dynamic):
+    """Traced and functionalized as inductor sees it (aot_eager keeps the test fast): one graph for
+    every length (CPU), or fixed sizes with padding (CUDA graphs); features; mutation."""
     real_compile = torch.compile
     monkeypatch.setattr(
         torch,
         "compile",
-        lambda module, **kwargs: real_compile(module, backend="aot_eager", dynamic=False, fullgraph=True),
+        lambda module, **kwargs: real_compile(
+            module, backend="aot_eager", dynamic=kwargs["dynamic"], fullgraph=True
+        ),
     )
     loaded = make_tiny(seed=5)
     eager = FastRunner(loaded.model, compiled="off", prefill_chunk=8)
-    compiled = FastRunner(loaded.model, compiled="auto", prefill_chunk=8, verify_sizes=(4,))
+    compiled = FastRunner(
+        loaded.model, compiled="auto", prefill_chunk=8, verify_sizes=(4,), dynamic_shapes=dynamic
+    )
     stages = []
-    compiled.warm_up(progress=lambda stage, done, total: stages.append((done, total)))
+    compiled.warm_up(progress=lambda stage, done, total: stages.append((done, total)), captures=[(), (1, 2)])
     assert compiled.is_compiled, compiled.notice
-    assert stages[0] == (0, 3) and stages[-1] == (3, 3)
-    assert set(compiled.compile_seconds) == {1, 4, 8}
+    graphs = 2 if dynamic else 3  # one token and several; or sizes 1, 4 and 8 (the prefill chunk)
+    assert stages[0] == (0, 2 * graphs) and stages[-1] == (2 * graphs, 2 * graphs)
+    assert set(compiled.compile_seconds) == ({1, 2} if dynamic else {1, 4, 8})
 
     for expected, actual in zip(replay(eager, PROMPT), replay(compiled, PROMPT), strict=True):
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-4)
     assert compiled.is_compiled, compiled.notice
     assert greedy(compiled, PROMPT) == greedy(eager, PROMPT) == greedy(ModelRunner(loaded.model), PROMPT)
     assert greedy_verify(compiled, PROMPT, k=3) == greedy(eager, PROMPT)
+    for runner in (eager, compiled):  # the features a draft head reads come from the compiled graph too
+        runner.capture_hidden = (1, 2)
+        runner.reset()
+        runner.prefill(PROMPT)
+        runner.forward([5, 6, 7, 8])
+    torch.testing.assert_close(compiled.last_hidden[1], eager.last_hidden[1], atol=1e-5, rtol=1e-4)
+    assert compiled.last_hidden[0] == eager.last_hidden[0] == len(PROMPT)
+
+
+def test_an_eager_runner_compiles_later_and_keeps_its_cache(make_tiny, monkeypatch):
+    """compile_now mid-conversation (how ChatEngine switches once the compiled path is built): the
+    cached context stays, and the logits are the eager ones."""
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda module, **kwargs: real_compile(module, backend="aot_eager", dynamic=True)
+    )
+    loaded = make_tiny(seed=5)
+    runner = FastRunner(loaded.model, compiled="off")
+    reference = FastRunner(loaded.model, compiled="off")
+    rows = [runner.prefill(PROMPT)]
+    tokens = [int(rows[-1].argmax())]
+    for _ in range(5):
+        rows.append(runner.forward([tokens[-1]])[-1])
+        tokens.append(int(rows[-1].argmax()))
+    assert not runner.is_compiled
+    assert runner.compile_now() and runner.is_compiled and runner.compile_seconds.keys() == {1, 2}
+    for _ in range(8):
+        rows.append(runner.forward([tokens[-1]])[-1])
+        tokens.append(int(rows[-1].argmax()))
+    expected = [reference.prefill(PROMPT)] + [reference.forward([t])[-1] for t in tokens[:-1]]
+    torch.testing.assert_close(torch.stack(rows), torch.stack(expected), atol=1e-5, rtol=1e-4)
 
 
 def test_compile_unavailable_falls_back_with_notice(make_tiny, monkeypatch):

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from engine.bench.records import Tally, TurnResult, tally_from_stats
 from engine.errors import SettingsError
 
-# llama-cpp, llama-cpp-spec: llama.cpp's llama-server on the same GGUF (engine/bench/llama_cpp.py)
+# llama-cpp, llama-cpp-spec: llama.cpp's llama-server on the same GGUF (engine/bench/llama_cpp.py);
+# baseline-eager: the target alone on the uncompiled fast path, beside a compiled baseline
 METHOD_KINDS = (
     "baseline",
+    "baseline-eager",
     "tandem",
     "tandem-ngram",
     "tandem-suffix",
@@ -284,10 +286,17 @@ def build_runners(
         "baseline": "none", "tandem": draft_kind, "tandem-ngram": "ngram", "tandem-suffix": "suffix",
         "tandem-auto": "auto",
     }  # fmt: skip
-    engine = None
+    engine = eager_engine = None
     runners = []
     for method in methods:
-        if method.kind in drafters:
+        if method.kind == "baseline-eager":
+            from engine.session import ChatEngine
+
+            if eager_engine is None:
+                eager_engine = ChatEngine(target, None, sampling=sampling, compiled="off")
+                eager_engine.prepare()
+            runners.append(TandemRunner(method, eager_engine, SpeculationSettings(drafter="none")))
+        elif method.kind in drafters:
             if engine is None:
                 from engine.session import ChatEngine
 

@@ -261,6 +261,11 @@ def run_bench(args) -> int:
         records = bench_suite.run_benchmark(runners, prompts, target.tokenizer, step)
 
     config = bench_config(args, prompts_path, prompts, methods, k_values, hf)
+    # what "compiled" became on this machine: the Tandem methods' target compiled or eager
+    engines = {id(r.engine): r.engine for r in runners if hasattr(r, "engine")}
+    config["target_runs"] = sorted(
+        {"compiled" if getattr(e, "runs_compiled", False) else "eager" for e in engines.values()}
+    )
     report = bench_report.build_report(config, records, methods, sampling.greedy, runner_extras(runners))
     print(bench_report.format_table(report))
     if args.json_path:

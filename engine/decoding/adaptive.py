@@ -74,6 +74,13 @@ class VerifyCostCurve:
             self.recalibrations += 1
             self._drift, self._drift_rounds = 1.0, 0
 
+    def replace(self, seconds: dict[int, float]) -> None:
+        """A new measured curve (the runner changed, say from eager to compiled): its figures, and
+        drift judged from them."""
+        self.seconds = dict(seconds)
+        self._reference = {}
+        self._drift, self._drift_rounds = 1.0, 0
+
     def padded_size(self, n: int, limit: int | None = None) -> int:
         """The size to run a verify of n tokens at: n, or a larger measured size (at most `limit`)
         that costs less."""

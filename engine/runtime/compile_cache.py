@@ -20,8 +20,13 @@ def inductor_cache_dir() -> Path:
     return path
 
 
-def configure_inductor(device=None) -> Path:
-    """Points inductor's caches at Tandem's cache folder and sets the options the fast path uses."""
+def configure_inductor(device=None, freeze: bool = False) -> Path:
+    """Points inductor's caches at Tandem's cache folder and sets the options the fast path uses.
+
+    freeze: fold the weights into the graph as constants. Inductor can then prepack them for its
+    own GEMMs, but a graph with prepacked constants cannot be stored in the FX graph cache, so every
+    start lowers it again; unfrozen weights stay graph inputs and the graph is read back from disk.
+    """
     import torch
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
@@ -37,14 +42,16 @@ def configure_inductor(device=None) -> Path:
     if hasattr(inductor_config, "bundled_autotune_remote_cache"):
         inductor_config.bundled_autotune_remote_cache = False
 
-    # Frozen weights let inductor prepack them and use its C++ micro-GEMMs on CPU. The KV buffers
-    # are mutated, so freezing leaves them alone.
-    inductor_config.freezing = True
+    # The KV buffers are mutated, so freezing leaves them alone.
+    inductor_config.freezing = freeze
     if hasattr(inductor_config, "cpp") and hasattr(inductor_config.cpp, "weight_prepack"):
-        inductor_config.cpp.weight_prepack = True
+        inductor_config.cpp.weight_prepack = freeze
     if device is not None and torch.device(device).type == "cuda":
         inductor_config.coordinate_descent_tuning = True
 
+    # Module floats (norm eps) are constants; traced as symbols they make dynamo trace every graph twice.
+    if hasattr(dynamo_config, "specialize_float"):
+        dynamo_config.specialize_float = True
     # One compiled graph per (tokens, attention window); allow enough of them before dynamo gives up.
     limit_name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     setattr(dynamo_config, limit_name, max(getattr(dynamo_config, limit_name), 64))
@@ -54,9 +61,8 @@ def configure_inductor(device=None) -> Path:
 def cache_hits() -> dict[str, int]:
     """Inductor's cache counters for this process.
 
-    hit/miss/bypass: FX graphs. On CPU with frozen weights every graph is a bypass, because the
-    prepacked (mkldnn) weights cannot be pickled; the second start then still skips autotuning
-    ("autotuned" counts benchmarked GEMMs) and the C++ builds (kernels are found by source hash).
+    hit/miss/bypass: FX graphs (with frozen weights every graph is a bypass: prepacked weights
+    cannot be pickled); "autotuned" counts benchmarked GEMMs.
     """
     from torch._dynamo.utils import counters
 

@@ -35,7 +35,15 @@ def _plain_linear(module) -> bool:
 def fusable_reason(layer, config) -> str | None:
     """Why `layer` must run unfused (as its own modules), or None when it can be fused."""
     attn, mlp = layer.self_attn, layer.mlp
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    projections = (
+        attn.q_proj,
+        attn.k_proj,
+        attn.v_proj,
+        attn.o_proj,
+        mlp.gate_proj,
+        mlp.up_proj,
+        mlp.down_proj,
+    )
     if not all(_plain_linear(p) for p in projections):
         return "quantized or offloaded projections"
     if len({p.weight.dtype for p in projections}) != 1:

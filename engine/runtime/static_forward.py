@@ -1,0 +1,183 @@
+"""A static-cache, position-indexed forward for Llama-family models (FastLlama).
+
+The model's own modules (embeddings, norms, projections, MLPs, head) are reused as they are, so no
+weight is copied; only attention is rewritten, around one preallocated KV buffer per layer:
+
+    k_cache, v_cache: [1, n_kv_heads, max_seq_length, head_dim]
+
+A forward over T new tokens writes their keys and values at `input_pos` and attends over the
+first `window` slots under a causal mask built from `input_pos`. Rolling back is free: the runner
+moves its length back; stale slots are masked out and overwritten by the next forward.
+Layers run fused (engine.runtime.fused_layer) where they allow it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.runtime.fused_layer import FusedLayer, fusable_reason, signed_sin
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def unsupported_reason(model) -> str | None:
+    """Why `model` cannot run on the fast path, or None when it can."""
+    config = model.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"the fast path supports {', '.join(SUPPORTED_MODEL_TYPES)} models, not {config.model_type}"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention is not supported on the fast path"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) in ("dynamic", "longrope"):
+        return "length-dependent RoPE scaling is not supported on the fast path"
+    return None
+
+
+class KVCache(nn.Module):
+    def __init__(self, n_kv_heads: int, max_seq_length: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (1, n_kv_heads, max_seq_length, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        # input_pos: [T], k, v: [1, KV, T, D]
+        self.k_cache.index_copy_(2, input_pos, k)
+        self.v_cache.index_copy_(2, input_pos, v)
+        return self.k_cache, self.v_cache
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class FastLlama(nn.Module):
+    """forward(ids [1, T], input_pos [T], mask [T, W]) -> logits [1, T, V], attending over slots [0, W).
+
+    Layers run fused (engine.runtime.fused_layer) when every layer allows it; `unfused_reason`
+    says why not otherwise (quantized drafts, Qwen3's per-head norms).
+    """
+
+    def __init__(self, hf_model, max_seq_length: int):
+        super().__init__()
+        reason = unsupported_reason(hf_model)
+        if reason:
+            raise ValueError(reason)
+        config = hf_model.config
+        inner = hf_model.model
+        self.embed_tokens = inner.embed_tokens
+        self.layers = inner.layers
+        self.norm = inner.norm
+        self.lm_head = hf_model.lm_head
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        self.max_seq_length = max_seq_length
+
+        weight = self.embed_tokens.weight
+        dtype, device = weight.dtype, weight.device
+        self.kv_caches = nn.ModuleList(
+            KVCache(self.n_kv_heads, max_seq_length, self.head_dim, dtype, device) for _ in self.layers
+        )
+        # The model's own rotary module gives cos/sin with any static scaling (llama3, linear, yarn).
+        with torch.no_grad():
+            positions = torch.arange(max_seq_length, device=device).unsqueeze(0)  # [1, S]
+            cos, sin = inner.rotary_emb(weight[:1].unsqueeze(0), positions)  # [1, S, D] each
+        self.register_buffer("rope_cos", cos[0].to(dtype), persistent=False)  # [S, D]
+        self.register_buffer("rope_sin", sin[0].to(dtype), persistent=False)
+        self.unfused_reason = next(
+            filter(None, (fusable_reason(layer, config) for layer in self.layers)), None
+        )
+        self.fused = None
+        if self.unfused_reason is None:
+            self.register_buffer("rope_sin_signed", signed_sin(self.rope_sin), persistent=False)
+            self.fused = nn.ModuleList(
+                FusedLayer(layer, config, self.n_heads, self.n_kv_heads, self.head_dim)
+                for layer in self.layers
+            )
+
+    def forward(
+        self,
+        ids: Tensor,
+        input_pos: Tensor,
+        mask: Tensor | None,
+        slots: Tensor | None = None,
+        window: int = 0,
+        capture: frozenset[int] = frozenset(),
+    ) -> tuple[Tensor, Tensor | None]:
+        """-> (logits [1, T, V], features [T, F*C] of the hidden states `capture` names (in
+        transformers' numbering), in layer order; or None).
+
+        `capture` is a frozenset because compiling with dynamic shapes makes the ints of a tuple
+        argument symbols, and a graph cannot choose its layers by symbols."""
+        # ids: [1, T], input_pos: [T] (RoPE positions), mask: [T, W] bool (True = may attend), or None
+        # when every slot in [0, window) is visible; slots: [T] KV slots to write (default input_pos;
+        # a token tree writes siblings at one position)
+        slots = input_pos if slots is None else slots
+        G = self.n_heads // self.n_kv_heads
+        x = self.embed_tokens(ids)  # [1, T, C]
+        attn_mask = None
+        if mask is not None:
+            window = mask.shape[-1]
+            # additive, and repeated once here for the G query heads per KV head, not in every layer
+            attn_mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
+                ~mask, float("-inf")
+            )
+            attn_mask = attn_mask.repeat(G, 1)  # [G*T, W]
+        features = []
+        if self.fused is not None:
+            cos = self.rope_cos[input_pos].unsqueeze(1)  # [T, 1, D]
+            sin = self.rope_sin_signed[input_pos].unsqueeze(1)
+            for index, (layer, kv_cache) in enumerate(zip(self.fused, self.kv_caches, strict=True)):
+                if index in capture:
+                    features.append(x[0])
+                x = layer(x, kv_cache, slots, cos, sin, attn_mask, window)
+        else:
+            cos = self.rope_cos[input_pos]  # [T, D]
+            sin = self.rope_sin[input_pos]
+            for index, (layer, kv_cache) in enumerate(zip(self.layers, self.kv_caches, strict=True)):
+                if index in capture:
+                    features.append(x[0])
+                h = self.attention(
+                    layer.self_attn, layer.input_layernorm(x), kv_cache, slots, cos, sin, attn_mask, window
+                )
+                x = x + h
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.norm(x)
+        captured = None
+        if capture:
+            if len(self.layers) in capture:
+                features.append(x[0])
+            captured = torch.cat(features, dim=-1)  # [T, F*C]
+        return self.lm_head(x), captured  # [1, T, V]
+
+    def attention(self, attn, x, kv_cache, slots, cos, sin, attn_mask, window: int) -> Tensor:
+        _, T, _ = x.shape
+        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        G, W = H // KV, window
+        q = attn.q_proj(x).view(1, T, H, D)
+        k = attn.k_proj(x).view(1, T, KV, D)
+        v = attn.v_proj(x).view(1, T, KV, D)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalizes each head before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, heads, T, D]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+
+        k_all, v_all = kv_cache.update(slots, k, v)  # [1, KV, S, D]
+        k_all, v_all = k_all[:, :, :W], v_all[:, :, :W]  # [1, KV, W, D]
+        # Grouped-query attention without repeating K/V: the G query heads that share a KV head
+        # (heads kv*G .. kv*G+G-1, as in transformers' repeat_kv) become G*T query rows.
+        q = q.reshape(1, KV, G * T, D)
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)  # [1, KV, G*T, D]
+        y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
+        return attn.o_proj(y)  # [1, T, C]
+
+
+def causal_mask(input_pos: Tensor, window: int) -> Tensor:
+    """[T, window] bool: row t may attend to slots 0..input_pos[t]."""
+    slots = torch.arange(window, device=input_pos.device)
+    return slots.unsqueeze(0) <= input_pos.unsqueeze(1)

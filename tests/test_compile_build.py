@@ -1,0 +1,104 @@
+"""The CPU compiled path as a user meets it: built in a helper process while replies run eagerly,
+switched to between replies, and ready from inductor's cache before "Ready" on the next start."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# argv: model folder, "first" or "second"; prints one JSON line
+START_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    from engine.models.loading import load_model
+    from engine.runtime.compile_build import is_built
+    from engine.runtime.compile_cache import cache_hits
+    from engine.session import ChatEngine
+    from engine.settings import SamplingSettings, SpeculationSettings
+
+    folder, start = sys.argv[1], sys.argv[2]
+    loaded = load_model(folder, device="cpu", dtype="float32")
+    sampling = SamplingSettings(temperature=0.0, max_new_tokens=24)
+    engine = ChatEngine(loaded, None, speculation=SpeculationSettings(drafter="ngram"), sampling=sampling)
+    begun = time.perf_counter()
+    engine.prepare()
+    prepare_s = time.perf_counter() - begun
+    compiled_at_ready = engine.runs_compiled
+    prompt = [1, 502, 33, 9001, 77, 4, 1200, 18, 65, 3000]
+
+    def reply():
+        finished = engine.generate_ids(prompt)
+        engine.reset()
+        return list(finished.token_ids)
+
+    replies_while_building, notices_while_building, messages = [], [], []
+    done = threading.Event()
+    started = engine.optimize_in_background(None, lambda message: (messages.append(message), done.set()))
+    notices_while_building = engine.notices
+    while started and not done.is_set():
+        replies_while_building.append(reply())
+        time.sleep(0.5)  # a user reads between replies; the helper builds meanwhile
+    print(json.dumps({
+        "prepare_s": prepare_s, "compiled_at_ready": compiled_at_ready, "started": started,
+        "built": is_built(loaded, ()), "compiled": engine.runs_compiled,
+        "replies_while_building": replies_while_building, "reply_after": reply(),
+        "messages": messages, "notices_while_building": notices_while_building,
+        "notices": engine.notices, **cache_hits(),
+    }))
+    """
+)
+
+
+def run_start(folder: Path, cache: Path, which: str) -> dict:
+    env = {**os.environ, "TANDEM_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TANDEM_COMPILE"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-c", START_SCRIPT, str(folder), which],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_cpu_compiled_path_is_built_beside_replies_and_ready_at_the_next_start(tiny_model_dir, tmp_path):
+    first = run_start(tiny_model_dir, tmp_path / "cache", "first")
+    assert not first["compiled_at_ready"] and first["started"], first
+    assert first["notices_while_building"][0].startswith("Optimizing for this machine"), first
+    assert first["built"] and first["compiled"], first
+    assert first["messages"][0].startswith("Optimized for this machine"), first
+    assert first["notices"] == [], first
+    # eager replies while the helper built, compiled ones after: the same tokens
+    assert first["replies_while_building"], first
+    assert all(reply == first["reply_after"] for reply in first["replies_while_building"]), first
+    assert first["hit"] >= 1, first  # the app process compiled from what the helper left in the cache
+
+    second = run_start(tiny_model_dir, tmp_path / "cache", "second")
+    assert second["compiled_at_ready"] and not second["started"], second
+    assert second["miss"] == 0 and second["hit"] >= 1, second
+    assert second["reply_after"] == first["reply_after"], second
+
+
+def test_nothing_is_built_when_compilation_is_off(make_tiny, monkeypatch):
+    from engine.session import ChatEngine
+
+    monkeypatch.setenv("TANDEM_COMPILE", "off")
+    engine = ChatEngine(make_tiny(seed=2), None)
+    assert not engine.optimize_in_background()
+    engine = ChatEngine(make_tiny(seed=2), None, compiled="off")
+    monkeypatch.delenv("TANDEM_COMPILE")
+    assert not engine.optimize_in_background()
+    assert not any("Optimizing" in notice for notice in engine.notices)

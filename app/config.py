@@ -29,7 +29,7 @@ BACKENDS = ("local", "server")
 TARGET_PRECISIONS = ("default", "fp32", "bf16", "int8", "int4")
 QUANTIZATIONS = ("none", "int8", "int4")
 K_MODES = ("adaptive", "fixed")
-COMPILED = ("auto", "on", "off")  # auto: compile on CUDA; on: compile on CPU too (minutes per shape)
+COMPILED = ("auto", "on", "off")  # auto: CUDA at load, CPU in the background; on: at load everywhere
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 

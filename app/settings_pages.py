@@ -38,8 +38,9 @@ TIPS = {
     "device": "Where the models run. 'auto' picks the GPU when torch sees one. 'cuda' is offered only "
     "when torch sees a CUDA GPU.",
     "dtype": "The target's number format. 'auto' is bf16/fp16 on a GPU and fp32 on a CPU.",
-    "compiled": "torch.compile the forwards: faster replies after a compile at load time (minutes on a CPU). "
-    "'auto' compiles on CUDA only.",
+    "compiled": "torch.compile the target's forward. 'auto': on CUDA at load time; on a CPU in the background "
+    "the first time (replies run uncompiled meanwhile), then from the cache in seconds at every start. "
+    "'on': at load time everywhere. 'off': never.",
     "adaptive": "Choose K, the number of drafted tokens per round, from what this machine measures: "
     "acceptance and the cost of checking K tokens.",
     "k": "Draft exactly this many tokens every round (when Adaptive K is off).",

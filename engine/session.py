@@ -8,6 +8,7 @@ replace `engine.speculation` / `engine.decoding.sampling` between replies.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -286,17 +287,9 @@ class ChatEngine:
             if failure is None:
                 with self._lock:  # between replies
                     failure = self._compile_from_cache(progress)
-            self.optimizing = ""
-            if failure is None and eager_step_s:
-                message = (
-                    f"Optimized for this machine: a token now takes {self._step_time_s * 1e3:.0f} ms "
-                    f"(uncompiled {eager_step_s * 1e3:.0f} ms), measured."
-                )
-            else:
-                self._compile_notice = failure or ""
-                message = failure or "Optimized for this machine."
+            self.optimizing, self._compile_notice = "", failure or ""
             if on_done is not None:
-                on_done(message)
+                on_done(compile_build.outcome(failure, eager_step_s, self._step_time_s))
 
         self._optimizer = threading.Thread(target=build, name="tandem-optimize", daemon=True)
         self._optimizer.start()
@@ -310,6 +303,7 @@ class ChatEngine:
             and not runner.is_compiled
             and runner.compile_refusal() is None
             and os.environ.get("TANDEM_COMPILE", "").lower() != "off"
+            and not getattr(sys, "frozen", False)  # a bundled app has no interpreter to run the helper with
         )
 
     def _compiled_capture(self) -> tuple[int, ...]:

@@ -289,7 +289,7 @@ def test_hf_methods_match_tandem_baseline_on_a_tiny_model(make_tiny):
     target, draft = make_tiny(seed=0), make_tiny(seed=0)  # the draft is an exact copy: all drafts accepted
     sampling = SamplingSettings(max_new_tokens=12)
     methods = bench_methods.expand_methods(
-        ["baseline", "tandem", "hf-assisted", "hf-lookup", "hf-plain"], [3]
+        ["baseline", "baseline-eager", "tandem", "hf-assisted", "hf-lookup", "hf-plain"], [3]
     )
     runners = bench_methods.build_runners(
         methods, target, draft, "model", sampling, bench_methods.HFSettings()
@@ -301,7 +301,7 @@ def test_hf_methods_match_tandem_baseline_on_a_tiny_model(make_tiny):
     records = bench_suite.run_benchmark(runners, prompts, target.tokenizer)
     report = bench_report.build_report({}, records, methods, greedy=True)
     methods_section = report["methods"]
-    for name in ("tandem", "hf-assisted", "hf-lookup", "hf-plain"):
+    for name in ("baseline-eager", "tandem", "hf-assisted", "hf-lookup", "hf-plain"):
         assert methods_section[name]["greedy_identical"] == 1.0, name
         assert methods_section[name]["generated_tokens"] == 3 * 12
     assert methods_section["tandem"]["acceptance_rate"] == 1.0

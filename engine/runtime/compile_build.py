@@ -90,6 +90,18 @@ def build_in_helper(
     )
 
 
+def outcome(failure: str | None, eager_step_s: float | None, compiled_step_s: float | None) -> str:
+    """How a background build ended, in words for the user."""
+    if failure is not None:
+        return failure
+    if not eager_step_s or not compiled_step_s:
+        return "Optimized for this machine."
+    return (
+        f"Optimized for this machine: a token now takes {compiled_step_s * 1e3:.0f} ms "
+        f"(uncompiled {eager_step_s * 1e3:.0f} ms), measured."
+    )
+
+
 _helpers: set[subprocess.Popen] = set()
 
 

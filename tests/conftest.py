@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# No background builds of the compiled path from the commands and engines tests start (each would
+# run a compiling helper process); the tests of compilation lift this themselves.
+os.environ.setdefault("TANDEM_COMPILE", "off")
 
 import pytest  # noqa: E402
 

@@ -102,3 +102,47 @@ def test_nothing_is_built_when_compilation_is_off(make_tiny, monkeypatch):
     monkeypatch.delenv("TANDEM_COMPILE")
     assert not engine.optimize_in_background()
     assert not any("Optimizing" in notice for notice in engine.notices)
+
+
+# argv: model folder; starts the helper, prints its pid, then waits to be killed
+PARENT_SCRIPT = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    helper = subprocess.Popen([sys.executable, "-m", "engine.runtime.compile_build", "--spec", sys.argv[1]])
+    print(helper.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_the_helper_ends_when_the_app_that_started_it_is_killed(tiny_model_dir, tmp_path):
+    import signal
+    import time
+
+    env = {**os.environ, "TANDEM_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    env.pop("TANDEM_COMPILE", None)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_SCRIPT, str(tiny_model_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    helper_pid = int(parent.stdout.readline())
+    time.sleep(1.5)  # the helper is importing torch or compiling by now
+    assert _alive(helper_pid)
+    parent.send_signal(signal.SIGKILL)  # no atexit runs in the parent
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while _alive(helper_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(helper_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # an exited child not yet reaped is a zombie: gone
+        return stat.read().split(")")[-1].split()[0] != "Z"

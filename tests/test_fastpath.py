@@ -61,6 +61,12 @@ def greedy_verify(runner, prompt: list[int], steps: int = 12, k: int = 3) -> lis
 PROMPT = [1, 502, 33, 9001, 77, 4, 1200, 18, 65, 3000]
 
 
+@pytest.fixture(autouse=True)
+def _compilation_allowed(monkeypatch):
+    """conftest turns compilation off for the suite; these tests are about it."""
+    monkeypatch.delenv("TANDEM_COMPILE", raising=False)
+
+
 def test_causal_mask_rows():
     mask = causal_mask(torch.tensor([2, 3]), 5)
     assert mask.tolist() == [[True, True, True, False, False], [True, True, True, True, False]]

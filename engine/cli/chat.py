@@ -40,7 +40,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--compiled",
         choices=["auto", "on", "off"],
         default="auto",
-        help="compile the forwards: auto (on CUDA only), on (CPU too: minutes per shape), off",
+        help="compile the target's forward: auto (CUDA at load; on a CPU, built in the background during a "
+        "conversation and read back from the cache at later starts; a one-shot --message stays uncompiled), "
+        "on (at load everywhere), off",
     )
 
 
@@ -168,7 +170,13 @@ def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSetti
     finally:
         progress.close()
     print_kernel_notes(target, draft)
-    engine = ChatEngine(target, draft, speculation=speculation, sampling=sampling, compiled=args.compiled)
+    # a one-shot reply would wait longer for the compiled path (seconds from the cache) than it saves
+    compiled = (
+        "off"
+        if args.message is not None and args.compiled == "auto" and target.device.type == "cpu"
+        else args.compiled
+    )
+    engine = ChatEngine(target, draft, speculation=speculation, sampling=sampling, compiled=compiled)
     if speculation.drafter == "head" and ":" in args.draft:
         engine.head_source = args.draft.split(":", 1)[1]
     progress = ProgressBar()

@@ -106,6 +106,8 @@ def build_serving_engine(args, speculation, sampling):
         engine.prepare(progress)
     finally:
         progress.close()
+    # a server lives long: its CPU compiled path is built beside the requests, as in the app
+    engine.optimize_in_background(on_done=lambda message: print(message, file=sys.stderr, flush=True))
     return engine
 
 

@@ -22,6 +22,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -112,6 +114,18 @@ def _stop_helpers() -> None:
         process.terminate()
 
 
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """Ends the helper when the app that started it is gone (killed, so its atexit never ran)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _repo_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
@@ -122,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--capture", type=int, action="append", default=[])
     args = parser.parse_args(argv)
+    _exit_with_parent()
 
     from engine.models.loading import load_model
     from engine.runtime.fastpath import FastRunner

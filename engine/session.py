@@ -77,7 +77,7 @@ class ChatEngine:
         self.draft: LoadedModel | None = None
         self._model_drafter: ModelDrafter | None = None
         self._optimizer: threading.Thread | None = None  # optimize_in_background's thread
-        self.optimizing = ""  # what the background build is doing, while it runs
+        self._optimizing = False  # while the background build runs (until it has switched)
         self._compile_notice = ""  # why a compiled forward was not built, when it was not
         self.set_draft(draft)
 
@@ -281,13 +281,13 @@ class ChatEngine:
         capture = self._compiled_capture()
 
         def build() -> None:
-            self.optimizing = "optimizing for this machine"
+            self._optimizing = True
             failure = compile_build.build_in_helper(self.target, capture, progress)
             eager_step_s = self._step_time_s
             if failure is None:
                 with self._lock:  # between replies
                     failure = self._compile_from_cache(progress)
-            self.optimizing, self._compile_notice = "", failure or ""
+            self._optimizing, self._compile_notice = False, failure or ""
             if on_done is not None:
                 on_done(compile_build.outcome(failure, eager_step_s, self._step_time_s))
 
@@ -320,12 +320,6 @@ class ChatEngine:
         self._recalibrate(progress)
         return None
 
-    def wait_optimized(self, timeout: float | None = None) -> bool:
-        """Waits for a background build; True when none runs any more."""
-        if self._optimizer is not None:
-            self._optimizer.join(timeout)
-        return self._optimizer is None or not self._optimizer.is_alive()
-
     def _recalibrate(self, progress=None) -> None:
         """Measures the runner's verify cost again (it changed), keeping the curve object the planners hold."""
         kept = self._verify_curve
@@ -346,7 +340,7 @@ class ChatEngine:
         runners = [self._runner, getattr(self._model_drafter, "runner", None)]
         found = [r.notice for r in runners if r is not None and r.notice] + [self._compile_notice]
         found = [notice for notice in found if notice]
-        if self.optimizing:
+        if self._optimizing:
             found.insert(
                 0, "Optimizing for this machine in the background; replies run uncompiled until then."
             )

@@ -57,20 +57,26 @@ START_SCRIPT = textwrap.dedent(
 )
 
 
-def run_start(folder: Path, cache: Path, which: str) -> dict:
+def run_json_script(script: str, *args: str, cache: Path, timeout: int = 900) -> dict:
+    """Runs `script` in a fresh interpreter with its own Tandem cache folder (inductor's included)
+    and compilation allowed; returns the JSON object on its last line of output."""
     env = {**os.environ, "TANDEM_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TANDEM_COMPILE"):
         env.pop(name, None)
     done = subprocess.run(
-        [sys.executable, "-c", START_SCRIPT, str(folder), which],
+        [sys.executable, "-c", script, *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
         cwd=REPO,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_start(folder: Path, cache: Path, which: str) -> dict:
+    return run_json_script(START_SCRIPT, str(folder), which, cache=cache)
 
 
 @pytest.mark.slow

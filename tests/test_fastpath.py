@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -292,23 +289,10 @@ CACHE_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_inductor_matches_eager_and_its_cache_is_reused(tmp_path):
     """Real inductor kernels: decode equals eager; a second process with the same cache compiles faster."""
-    import json
+    from test_compile_build import run_json_script
 
-    env = {**os.environ, "TANDEM_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    runs = []
-    for _ in range(2):
-        # "default" mode keeps CI time down; the app uses max-autotune, which adds autotuning on top.
-        done = subprocess.run(
-            [sys.executable, "-c", CACHE_SCRIPT, "default"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=REPO,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    # "default": the mode the CPU fast path compiles in
+    runs = [run_json_script(CACHE_SCRIPT, "default", cache=tmp_path, timeout=600) for _ in range(2)]
     first, second = runs
     for run in runs:
         assert run["compiled"] and run["notice"] == "", run

@@ -240,10 +240,8 @@ def _chat(args, engine, sampling: SamplingSettings, recorder: ConversationRecord
         if notice:
             print(notice, file=sys.stderr)
 
-    if (
-        args.message is None
-    ):  # a conversation: the compiled path is built beside it (a one-shot would not wait)
-        engine.optimize_in_background(on_done=lambda message: print(f"[{message}]", file=sys.stderr))
+    # a conversation builds the compiled path beside it (a one-shot runs uncompiled: build_engine)
+    engine.optimize_in_background(on_done=lambda message: print(f"[{message}]", file=sys.stderr))
     converse(args, engine.target.spec, recorder, prepare_turn, after_turn)
     return 0
 

@@ -245,15 +245,10 @@ class FastRunner(ModelRunner):
         if start < self.cache_length + n:
             return True
         begun = time.perf_counter()
-        try:
-            with torch.inference_mode():  # as real forwards run: the graph's guards check it
-                ids = torch.zeros(n, dtype=torch.long, device=self.device)
-                if self.device.type == "cuda":
-                    torch.compiler.cudagraph_mark_step_begin()
-                self._call(module, ids, start, window, capture)
-        except Exception as error:  # noqa: BLE001 - any failure means: stay eager, and say so
-            self.notice = f"Running without compilation: compiling failed ({type(error).__name__}: {error})"
-            return False
+        with torch.inference_mode():  # as real forwards run: the graph's guards check it
+            ids = torch.zeros(n, dtype=torch.long, device=self.device)
+            if self._call_compiled(module, ids, start, window, capture) is None:
+                return False
         self.compile_seconds.setdefault(n, time.perf_counter() - begun)
         return True
 
@@ -289,16 +284,11 @@ class FastRunner(ModelRunner):
             # padding writes slots past the end, which are masked until overwritten.
             logits = self._run_compiled(F.pad(ids, (0, size - n)), start, window=self.max_seq_length)
         if logits is None:
-            logits = self._run(self.fast, ids, start, window=start + n)
+            logits, self._captured = self._call(self.fast, ids, start, start + n, self.capture_hidden)
         logits = logits[:n]
         if self.capture_hidden:
             self._captured_pieces.append(self._captured[:n])
         self.cache_length = start + n
-        return logits
-
-    def _run(self, module, ids: Tensor, start: int, window: int) -> Tensor:
-        capture = self.capture_hidden or (self.compiled_capture if module is not self.fast else ())
-        logits, self._captured = self._call(module, ids, start, window, capture)
         return logits
 
     def _call(self, module, ids: Tensor, start: int, window: int, capture) -> tuple[Tensor, Tensor | None]:
@@ -315,19 +305,31 @@ class FastRunner(ModelRunner):
         return logits[0].float(), captured  # [T, V]
 
     def _run_compiled(self, ids: Tensor, start: int, window: int) -> Tensor | None:
+        """The compiled forward's logits (features in `_captured`); None after it failed, and the
+        runner is eager from then on."""
+        result = self._call_compiled(
+            self._compiled, ids, start, window, self.capture_hidden or self.compiled_capture
+        )
+        if result is None:
+            self._compiled = None
+            return None
+        logits, self._captured = result
+        return logits
+
+    def _call_compiled(self, module, ids: Tensor, start: int, window: int, capture):
+        """`_call` on a compiled forward -> (logits, features), or None when compiling or running
+        it failed, which `notice` then says."""
         try:
             if self.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
-            logits = self._run(self._compiled, ids, start, window)
-            if self.device.type == "cuda":
-                logits = logits.clone()  # the next CUDA-graph replay reuses its output buffer
-                if self._captured is not None:
-                    self._captured = self._captured.clone()
-        except Exception as error:  # noqa: BLE001 - fall back to eager with a visible notice
-            self._compiled = None
+            logits, captured = self._call(module, ids, start, window, capture)
+        except Exception as error:  # noqa: BLE001 - any failure means: stay eager, and say so
             self.notice = f"Running without compilation: compiling failed ({type(error).__name__}: {error})"
             return None
-        return logits
+        if self.device.type == "cuda":  # the next CUDA-graph replay reuses its output buffers
+            logits = logits.clone()
+            captured = captured.clone() if captured is not None else None
+        return logits, captured
 
     def _compiled_size(self, n: int, start: int) -> int | None:
         """The compiled shape a forward of n tokens runs in, or None to run it eagerly.
@@ -360,9 +362,8 @@ def make_runner(model, device=None, compiled: str = "auto", verify_sizes: Iterab
 
     compiled: "auto" compiles on CUDA now and leaves CPU runners eager, to be compiled later
     (ChatEngine.prepare and optimize_in_background): on a small CPU the first build takes a minute
-    or more. "on" compiles now wherever it can, "off"
-    never compiles. Models the fast path does not support get the generic runner; `runner.notice`
-    says so.
+    or more. "on" compiles now wherever it can, "off" never compiles. Models the fast path does not
+    support get the generic runner; `runner.notice` says so.
     """
     if compiled not in ("auto", "on", "off"):
         raise ValueError(f"compiled must be 'auto', 'on' or 'off', not {compiled!r}")

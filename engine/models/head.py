@@ -291,6 +291,18 @@ def eagle3_config(raw: dict, target_config) -> HeadConfig:
     )
 
 
+def float_weight(linear, folder) -> torch.Tensor:
+    """A linear layer's weight as floats, dequantized where the target is quantized."""
+    if isinstance(getattr(linear, "weight", None), torch.Tensor):
+        return linear.weight.detach()
+    if hasattr(linear, "dequantized_weight"):
+        return linear.dequantized_weight()
+    raise ModelFormatError(
+        f"The draft head in {folder} reads the target's LM head, and this target's quantized head "
+        f"({type(linear).__name__}) does not give its weights back. Use an fp32 or INT4 target."
+    )
+
+
 def load_head(folder: Path | str, target_model, device=None, dtype=None) -> DraftHead:
     """Loads a head folder (Tandem's or a published EAGLE-3 one) for `target_model`.
 
@@ -334,7 +346,7 @@ def load_head(folder: Path | str, target_model, device=None, dtype=None) -> Draf
     draft_ids = torch.arange(config.draft_vocab_size) + state.pop("d2t").long()
     state.pop("t2d", None)
     if not config.own_lm_head:
-        target_head = target_model.get_output_embeddings().weight.detach()
+        target_head = float_weight(target_model.get_output_embeddings(), folder)
         state["lm_head.weight"] = target_head[draft_ids.to(target_head.device)].to("cpu", torch.float32)
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [m for m in missing if m not in ("d2t", "t2d")]

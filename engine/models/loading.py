@@ -176,8 +176,11 @@ def load_model(
     progress: ProgressCallback | None = None,
     quantization: str = "none",
     precision: str | None = None,
+    kernel: str | None = None,
 ) -> LoadedModel:
     """Load model and tokenizer.
+
+    `kernel` names the quantized kernel to use (still checked) instead of choosing the fastest here.
 
     `quantization` is "none", "int8" or "int4" (see engine.models.quantize): the kernel is chosen
     and checked against the float model here, and named in `info["kernel"]`. `precision`
@@ -215,7 +218,14 @@ def load_model(
         if progress is not None:
             progress(f"Choosing an {quantization.upper()} kernel for this machine", 0, 1)
         reload = _reloader(folder, torch_device, torch_dtype, quantization)
-        model, kernel_info = quantize_checked(model, tokenizer, quantization, torch_device, folder, reload)
+        chosen = None
+        if kernel is not None:
+            from engine.models.quant_kernels import KERNELS
+
+            chosen = [KERNELS[kernel]]
+        model, kernel_info = quantize_checked(
+            model, tokenizer, quantization, torch_device, folder, reload, kernels=chosen
+        )
         if progress is not None:
             progress(f"Choosing an {quantization.upper()} kernel for this machine", 1, 1)
         info.update(kernel_info)

@@ -13,6 +13,9 @@ Families:
   measured on the check's probe text (engine.models.quant_check), in the same forward that gives the
   float logits. `-plain` is torch.ao's stock `quantize_dynamic`, kept so
   the report can show what it does on this machine.
+- block INT8/INT4 (engine.models.block_quant): weights in blocks of 32 as in a GGUF's Q8_0 and
+  Q4_1, activations quantized per block of 32 on each call, integer dot products (AVX-512 VNNI,
+  AVX2 or portable C++ built on first use).
 - weight-only INT8: INT8 weights, scale per output channel, float activations.
 - weight-only INT4: group-wise asymmetric INT4 (torch's int4pack kernels), w = (q - 8)·scale + zero.
 - bitsandbytes (CUDA; NF4 also on CPU): quantizes while loading, see engine.models.quantize.
@@ -197,6 +200,10 @@ class Kernel:
     smooth: bool = False
     load_time: bool = False  # bitsandbytes: quantizes while loading, not here
     version: int = 1  # bump when the numerics of a kernel change, so cached checks are redone
+    make_head: Callable | None = None  # the LM head's own kernel, where it differs from the layers'
+    # Activations rounded to integers on each call: a verify forward and a one-token step can round a
+    # value on either side and pick different tokens, so such a target is not drafted for.
+    rounds_activations: bool = False
 
     def unavailable_reason(self) -> str | None:
         return _unavailable_reason(self)
@@ -212,7 +219,15 @@ class Kernel:
             return _torch_ao_dynamic(model)
         untie_lm_head(model)
         scales = fold_smoothing(model, input_maxima) if self.smooth and input_maxima else {}
-        replace_linears(model, self.make_linear, scales)
+        make = self.make_linear
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if self.make_head is not None and head is not None:
+            head_ptr, make_layer, make_head = head.weight.data_ptr(), self.make_linear, self.make_head
+
+            def make(weight, bias, *rest):
+                return (make_head if weight.data_ptr() == head_ptr else make_layer)(weight, bias, *rest)
+
+        replace_linears(model, make, scales)
         return model
 
 
@@ -221,6 +236,25 @@ def _dynamic(engine: str) -> Callable:
     return lambda weight, bias, inverse_scale=None: DynamicInt8Linear(
         weight, bias, engine, not has_vnni() and engine in ("fbgemm", "x86"), inverse_scale
     )
+
+
+def _block(bits: int) -> Callable:
+    def make(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+        from engine.models import block_quant
+
+        error = block_quant.build_error()
+        if error is not None:
+            raise RuntimeError(error)
+        if weight.shape[1] % block_quant.PAIR:  # such a layer stays float
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+            with torch.no_grad():
+                layer.weight.copy_(weight)
+                if bias is not None:
+                    layer.bias.copy_(bias)
+            return layer
+        return block_quant.BlockQuantLinear.quantized(weight, bias, bits)
+
+    return make
 
 
 def _kernels() -> dict[str, Kernel]:
@@ -232,12 +266,17 @@ def _kernels() -> dict[str, Kernel]:
             f"dynamic INT8 ({engine} engine), outliers smoothed into the weights",
             _dynamic(engine),
             smooth=True,
+            rounds_activations=True,
         )
         for engine in QUANTIZED_ENGINES
     ]
     kernels += [
         Kernel(
-            "int8-dynamic-plain", "int8", "cpu", "torch.ao quantize_dynamic, per-tensor weights, no smoothing"
+            "int8-dynamic-plain",
+            "int8",
+            "cpu",
+            "torch.ao quantize_dynamic, per-tensor weights, no smoothing",
+            rounds_activations=True,
         ),
         Kernel(
             "int8-weight",
@@ -254,6 +293,24 @@ def _kernels() -> dict[str, Kernel]:
             lambda w, b: Int8WeightOnlyLinear(w, b, "int8pack"),
         ),
         Kernel(
+            "int8-block-q8_0",
+            "int8",
+            "cpu",
+            "INT8 blocks of 32 (as GGUF Q8_0), activations in INT8 blocks, integer dot products",
+            _block(8),
+            rounds_activations=True,
+        ),
+        Kernel(
+            "int4-block-q4_1",
+            "int4",
+            "cpu",
+            "INT4 blocks of 32 with scale and offset (as GGUF Q4_1; the LM head in INT8 blocks, as "
+            "Q4_1 files keep it), activations in INT8 blocks, integer dot products",
+            _block(4),
+            make_head=_block(8),
+            rounds_activations=True,
+        ),
+        Kernel(
             "int4-weight-g32",
             "int4",
             "cpu",
@@ -261,7 +318,7 @@ def _kernels() -> dict[str, Kernel]:
             lambda w, b: Int4WeightOnlyLinear(w, b, 32),
         ),
         Kernel("int4-nf4-bnb", "int4", "cpu", "bitsandbytes NF4 on the CPU backend", load_time=True),
-        Kernel("int8-bnb", "int8", "cuda", "bitsandbytes LLM.int8", load_time=True),
+        Kernel("int8-bnb", "int8", "cuda", "bitsandbytes LLM.int8", load_time=True, rounds_activations=True),
         Kernel("int4-nf4-bnb-cuda", "int4", "cuda", "bitsandbytes NF4", load_time=True),
         Kernel(
             "int4-weight-g32-cuda",

@@ -80,6 +80,7 @@ def model_key(loaded, runner) -> dict:
         "config": hashlib.sha256(architecture.encode()).hexdigest()[:16],
         "dtype": str(loaded.dtype),
         "quantization": loaded.quantization,
+        "kernel": loaded.info.get("kernel"),
         "runner": type(runner).__name__,
         "compiled": bool(getattr(runner, "is_compiled", False)),
     }

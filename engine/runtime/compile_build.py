@@ -41,6 +41,8 @@ def marker_path(loaded, capture: tuple[int, ...]) -> Path:
         "machine": calibration.machine_key(loaded.device),
         "config": calibration.model_key(loaded, None)["config"],
         "dtype": str(loaded.dtype),
+        "quantization": loaded.quantization,
+        "kernel": loaded.info.get("kernel"),
         "capture": list(capture),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
@@ -64,6 +66,8 @@ def build_in_helper(
     """Runs the helper to completion; None when the cache now holds the graphs, else why not."""
     command = [sys.executable, "-m", "engine.runtime.compile_build", "--spec", loaded.spec]
     command += ["--dtype", str(loaded.dtype).removeprefix("torch.")]
+    if loaded.quantization != "none":
+        command += ["--quantization", loaded.quantization, "--kernel", loaded.info["kernel"]]
     command += [arg for layer in capture for arg in ("--capture", str(layer))]
     env = {
         **os.environ,
@@ -134,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--quantization", default="none")
+    parser.add_argument("--kernel", default=None)
     parser.add_argument("--capture", type=int, action="append", default=[])
     args = parser.parse_args(argv)
     _exit_with_parent()
@@ -141,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.models.loading import load_model
     from engine.runtime.fastpath import FastRunner
 
-    loaded = load_model(args.spec, device="cpu", dtype=args.dtype)
+    loaded = load_model(
+        args.spec, device="cpu", dtype=args.dtype, quantization=args.quantization, kernel=args.kernel
+    )
     runner = FastRunner(loaded.model, loaded.device, compiled="auto")
     runner.compiled_capture = tuple(args.capture)
 

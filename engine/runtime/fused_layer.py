@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.models.block_quant import BlockQuantLinear, concatenated, shares_buffers
+
 # Norm classes whose forward is weight * x * rsqrt(mean(x^2) + eps), which F.rms_norm computes in one op.
 PLAIN_RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 # layer -> its fused tensors; kept outside the module so that a deep copy (a quantized draft made
@@ -32,6 +34,11 @@ def _plain_linear(module) -> bool:
     )
 
 
+def _same_block_quant(modules) -> bool:
+    """All of `modules` block-quantized alike (engine.models.block_quant), so they fuse as one layer."""
+    return all(type(m) is BlockQuantLinear for m in modules) and len({(m.bits, m.path) for m in modules}) == 1
+
+
 def fusable_reason(layer, config) -> str | None:
     """Why `layer` must run unfused (as its own modules), or None when it can be fused."""
     attn, mlp = layer.self_attn, layer.mlp
@@ -44,10 +51,11 @@ def fusable_reason(layer, config) -> str | None:
         mlp.up_proj,
         mlp.down_proj,
     )
-    if not all(_plain_linear(p) for p in projections):
-        return "quantized or offloaded projections"
-    if len({p.weight.dtype for p in projections}) != 1:
-        return "mixed weight types"
+    if not _same_block_quant(projections):
+        if not all(_plain_linear(p) for p in projections):
+            return "quantized or offloaded projections"
+        if len({p.weight.dtype for p in projections}) != 1:
+            return "mixed weight types"
     if len({attn.q_proj.bias is None, attn.k_proj.bias is None, attn.v_proj.bias is None}) != 1:
         return "some of q, k, v have a bias"
     if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
@@ -99,15 +107,22 @@ class FusedLayer(nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
         gate_up = [mlp.gate_proj, mlp.up_proj]
+        self.qkv_quant = self.gate_up_quant = None  # fused block-quantized projections, if quantized
         cached = _FUSED.get(layer)
-        if cached is None or not (_already_fused(qkv, cached[0]) and _already_fused(gate_up, cached[2])):
-            qkv_weight, qkv_bias = _fuse(qkv, with_bias=attn.q_proj.bias is not None)
-            gate_up_weight, _ = _fuse(gate_up, with_bias=False)
-            cached = (qkv_weight, qkv_bias, gate_up_weight)
-            _FUSED[layer] = cached
-        self.register_buffer("qkv_weight", cached[0], persistent=False)
-        self.register_buffer("qkv_bias", cached[1], persistent=False)
-        self.register_buffer("gate_up_weight", cached[2], persistent=False)
+        if _same_block_quant(qkv + gate_up):
+            if cached is None or not (shares_buffers(qkv, cached[0]) and shares_buffers(gate_up, cached[1])):
+                cached = _FUSED[layer] = (concatenated(qkv), concatenated(gate_up))
+            self.qkv_quant, self.gate_up_quant = cached
+            qkv_weight = qkv_bias = gate_up_weight = None
+        else:
+            if cached is None or not (_already_fused(qkv, cached[0]) and _already_fused(gate_up, cached[2])):
+                qkv_weight, qkv_bias = _fuse(qkv, with_bias=attn.q_proj.bias is not None)
+                gate_up_weight, _ = _fuse(gate_up, with_bias=False)
+                cached = _FUSED[layer] = (qkv_weight, qkv_bias, gate_up_weight)
+            qkv_weight, qkv_bias, gate_up_weight = cached
+        self.register_buffer("qkv_weight", qkv_weight, persistent=False)
+        self.register_buffer("qkv_bias", qkv_bias, persistent=False)
+        self.register_buffer("gate_up_weight", gate_up_weight, persistent=False)
         self.o_proj, self.down_proj = attn.o_proj, mlp.down_proj
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.eps = float(layer.input_layernorm.variance_epsilon)
@@ -119,7 +134,11 @@ class FusedLayer(nn.Module):
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         G = H // KV
         h = self._norm(x, self.input_norm)
-        qkv = F.linear(h, self.qkv_weight, self.qkv_bias).view(1, T, H + 2 * KV, D)
+        if self.qkv_quant is not None:
+            qkv = self.qkv_quant(h)
+        else:
+            qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
+        qkv = qkv.view(1, T, H + 2 * KV, D)
         qk = qkv[:, :, : H + KV]
         qk = qk * cos + torch.roll(qk, D // 2, dims=-1) * sin_signed  # [1, T, H+KV, D]
         q = qk[:, :, :H].transpose(1, 2)  # [1, H, T, D]
@@ -132,7 +151,12 @@ class FusedLayer(nn.Module):
         y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)  # [1, KV, G*T, D]
         y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
         x = x + self.o_proj(y)
-        gate, up = F.linear(self._norm(x, self.post_norm), self.gate_up_weight).chunk(2, dim=-1)
+        h = self._norm(x, self.post_norm)
+        if self.gate_up_quant is not None:
+            gate_up = self.gate_up_quant(h)
+        else:
+            gate_up = F.linear(h, self.gate_up_weight)
+        gate, up = gate_up.chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
 
     def _norm(self, x: Tensor, norm) -> Tensor:

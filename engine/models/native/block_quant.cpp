@@ -1,0 +1,331 @@
+// Block-quantized linear layers for the CPU: weights in blocks of 32 with a float scale per block,
+// activations quantized on the fly to INT8 blocks of 32 (one scale per block), integer dot products.
+// This is the arithmetic of llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0 kernels.
+//
+// Layout. Blocks go in pairs (K is a multiple of 64). Within a pair the two blocks a and b are
+// interleaved four bytes at a time: a0..a3 b0..b3 a4..a7 b4..b7 ... (64 values). A 32-bit lane of an
+// integer dot product then always covers one block, lanes alternating a, b, so a pair's two scales
+// broadcast as one [a, b, a, b, ...] vector.
+//   8 bits: qweight [N, K] int8, the pairs' 64 interleaved values in a row. w = d*q.
+//   4 bits: qweight [N, K/2] uint8, 32 bytes per pair: byte j holds interleaved value j in its low
+//           nibble and value 32 + j in its high nibble. w = d*q + m, q in 0..15.
+//   scales (d), mins (m, 4 bits only): [N, K/32] float32, in block order.
+//
+// y[i, n] = sum_b sx[i,b] * (d[n,b] * dot(q[n,b], xq[i,b]) + m[n,b] * sum(xq[i,b])),
+// where x[i, block b] ~ sx[i,b] * xq[i,b], xq in -127..127.
+//
+// Up to 48 activation rows (decoding, verification) use integer dot products; each row's result is
+// the same whatever the number of rows. More rows (a prompt) use a float GEMM on the weights
+// dequantized a tile at a time: there the integer path's per-block float work costs more.
+//
+// Three code paths, chosen by the caller from the CPU's features: AVX-512 VNNI, AVX2, and portable
+// C++. Callers check a model's result against the float model before using it.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define BLOCKQ_X86 1
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kPair = 64;
+constexpr int64_t kIntegerRows = 48;  // more activation rows than this take the float GEMM (INTEGER_ROWS)
+constexpr int64_t kTile = 256;        // weight rows dequantized at a time for it
+
+// Position of value j (0..63) of a pair in block order: j's four-byte chunk alternates blocks.
+inline int64_t pair_source(int64_t j) { return (j / 4 % 2) * kBlock + (j / 8) * 4 + j % 4; }
+
+struct Activations {
+  std::vector<int8_t> q;          // [M, K], -127..127, pairs interleaved like the weights
+  std::vector<float> scale;       // [M, K/32]: x ~ scale * q, block by block
+  std::vector<float> scaled_sum;  // [M, K/32]: scale * sum(q) over the block
+};
+
+Activations quantize_activations(const float* x, int64_t m, int64_t k) {
+  const int64_t blocks = k / kBlock;
+  Activations a{std::vector<int8_t>(m * k), std::vector<float>(m * blocks), std::vector<float>(m * blocks)};
+  std::vector<int8_t> plain(kPair);
+  for (int64_t p = 0; p < m * k / kPair; ++p) {
+    for (int half = 0; half < 2; ++half) {
+      const int64_t b = 2 * p + half;
+      const float* src = x + b * kBlock;
+      float amax = 0.f;
+      for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(src[j]));
+      const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+      int32_t sum = 0;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const int v = std::max(-127, std::min(127, static_cast<int>(std::lrintf(src[j] * inverse))));
+        plain[half * kBlock + j] = static_cast<int8_t>(v);
+        sum += v;
+      }
+      a.scale[b] = amax / 127.f;
+      a.scaled_sum[b] = a.scale[b] * static_cast<float>(sum);
+    }
+    int8_t* dst = a.q.data() + p * kPair;
+    for (int64_t j = 0; j < kPair; ++j) dst[j] = plain[pair_source(j)];
+  }
+  return a;
+}
+
+// Interleaved value j (0..63) of pair p in one row of the layout.
+inline int stored_value(const uint8_t* row, int64_t bits, int64_t p, int64_t j) {
+  if (bits == 8) return reinterpret_cast<const int8_t*>(row)[p * kPair + j];
+  const uint8_t byte = row[p * 32 + j % 32];
+  return j < 32 ? (byte & 0x0F) : (byte >> 4);
+}
+
+// ---- portable ----------------------------------------------------------------------------------
+
+template <int BITS>
+void rows_portable(const uint8_t* weights, const float* d, const float* mn, const Activations& a, int64_t m,
+                   int64_t k, int64_t r0, int64_t r1, int64_t n, float* out) {
+  const int64_t blocks = k / kBlock, row_bytes = BITS == 4 ? k / 2 : k;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t i = 0; i < m; ++i) {
+      float acc = 0.f;
+      for (int64_t p = 0; p < k / kPair; ++p) {
+        int32_t dot[2] = {0, 0};
+        for (int64_t j = 0; j < kPair; ++j)
+          dot[pair_source(j) / kBlock] += stored_value(weights + r * row_bytes, BITS, p, j) * a.q[i * k + p * kPair + j];
+        for (int half = 0; half < 2; ++half) {
+          const int64_t b = 2 * p + half;
+          acc += a.scale[i * blocks + b] * d[r * blocks + b] * static_cast<float>(dot[half]);
+          if (BITS == 4) acc += mn[r * blocks + b] * a.scaled_sum[i * blocks + b];
+        }
+      }
+      out[i * n + r] = acc;
+    }
+  }
+}
+
+#ifdef BLOCKQ_X86
+
+#define BLOCKQ_AVX2 "avx2,fma"
+#define BLOCKQ_AVX512 "avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"
+
+__attribute__((target(BLOCKQ_AVX2))) inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+__attribute__((target(BLOCKQ_AVX2))) inline float dot_floats(const float* a, const float* b, int64_t count) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
+  float total = hsum8(acc);
+  for (; j < count; ++j) total += a[j] * b[j];
+  return total;
+}
+
+// The per-row terms outside the integer dot: the 4-bit offsets m, or -128 * sum(x) after dot(w + 128, x).
+template <int BITS>
+__attribute__((target(BLOCKQ_AVX2))) inline float row_offset(const float* d, const float* mn, const float* sums,
+                                                             int64_t row, int64_t blocks, bool flipped) {
+  if (BITS == 4) return dot_floats(mn + row * blocks, sums, blocks);
+  return flipped ? -128.f * dot_floats(d + row * blocks, sums, blocks) : 0.f;
+}
+
+// [a, b, a, b, ...]: a pair's two floats broadcast.
+__attribute__((target(BLOCKQ_AVX2))) inline __m256 pair8(const float* ab) {
+  return _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(ab)));
+}
+
+// ---- AVX2: maddubs multiplies unsigned by signed bytes into saturating 16-bit pairs ------------
+// 4 bits: 0..15 x -127..127 cannot saturate. 8 bits: |w| x sign(x, w), at most 2 * 127 * 127.
+
+template <int BITS>
+__attribute__((target(BLOCKQ_AVX2))) inline __m256i pair_dot_avx2(const uint8_t* w, const int8_t* xq) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
+  __m256i w0, w1;
+  if (BITS == 4) {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    w0 = _mm256_and_si256(packed, low);
+    w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), ones),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), ones));
+  }
+  w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
+  const __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x0, w0));
+  const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x1, w1));
+  return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+}
+
+// Rows [r0, r1) for every activation row, four weight rows at a time: they stay in L1 across the
+// activation rows, and one activation pair serves four independent accumulators.
+template <int BITS>
+__attribute__((target(BLOCKQ_AVX2))) void rows_avx2(const uint8_t* weights, const float* d, const float* mn,
+                                                    const Activations& a, int64_t m, int64_t k, int64_t r0,
+                                                    int64_t r1, int64_t n, float* out) {
+  const int64_t blocks = k / kBlock, pairs = k / kPair, row_bytes = BITS == 4 ? k / 2 : k;
+  const int64_t pair_bytes = BITS == 4 ? 32 : 64;
+  for (int64_t r = r0; r < r1; r += 4) {
+    const int64_t rows = std::min<int64_t>(4, r1 - r);
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* xq = a.q.data() + i * k;
+      const float* sx = a.scale.data() + i * blocks;
+      __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const __m256 s = pair8(sx + 2 * p);
+        const int8_t* x = xq + p * kPair;
+#define BLOCKQ_ROW(J, ACC)                                                                        \
+  if (J < rows) {                                                                                 \
+    const __m256i dot = pair_dot_avx2<BITS>(weights + (r + J) * row_bytes + p * pair_bytes, x);   \
+    ACC = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s, pair8(d + (r + J) * blocks + 2 * p)), ACC); \
+  }
+        BLOCKQ_ROW(0, acc0) BLOCKQ_ROW(1, acc1) BLOCKQ_ROW(2, acc2) BLOCKQ_ROW(3, acc3)
+#undef BLOCKQ_ROW
+      }
+      const float* sums = a.scaled_sum.data() + i * blocks;
+      const __m256 accs[4] = {acc0, acc1, acc2, acc3};
+      for (int64_t j = 0; j < rows; ++j)
+        out[i * n + r + j] = hsum8(accs[j]) + row_offset<BITS>(d, mn, sums, r + j, blocks, false);
+    }
+  }
+}
+
+// ---- AVX-512 VNNI: dpbusd multiplies unsigned by signed bytes straight into 32 bits, a pair per op --
+// 8-bit weights are made unsigned by flipping the sign bit (w + 128), which row_offset undoes.
+
+__attribute__((target(BLOCKQ_AVX512))) inline __m512 pair16(const float* ab) {
+  return _mm512_castpd_ps(_mm512_set1_pd(*reinterpret_cast<const double*>(ab)));
+}
+
+template <int BITS>
+__attribute__((target(BLOCKQ_AVX512))) inline __m512i pair_dot_vnni(const uint8_t* w, __m512i x) {
+  __m512i weights;
+  if (BITS == 4) {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    weights = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, low)),
+                                 _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
+  } else {
+    weights = _mm512_xor_si512(_mm512_loadu_si512(w), _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), weights, x);
+}
+
+template <int BITS>
+__attribute__((target(BLOCKQ_AVX512))) void rows_vnni(const uint8_t* weights, const float* d, const float* mn,
+                                                      const Activations& a, int64_t m, int64_t k, int64_t r0,
+                                                      int64_t r1, int64_t n, float* out) {
+  const int64_t blocks = k / kBlock, pairs = k / kPair, row_bytes = BITS == 4 ? k / 2 : k;
+  const int64_t pair_bytes = BITS == 4 ? 32 : 64;
+  for (int64_t r = r0; r < r1; r += 4) {
+    const int64_t rows = std::min<int64_t>(4, r1 - r);
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* xq = a.q.data() + i * k;
+      const float* sx = a.scale.data() + i * blocks;
+      __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const __m512 s = pair16(sx + 2 * p);
+        const __m512i x = _mm512_loadu_si512(xq + p * kPair);
+#define BLOCKQ_ROW(J, ACC)                                                                        \
+  if (J < rows) {                                                                                 \
+    const __m512i dot = pair_dot_vnni<BITS>(weights + (r + J) * row_bytes + p * pair_bytes, x);   \
+    ACC = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, pair16(d + (r + J) * blocks + 2 * p)), ACC); \
+  }
+        BLOCKQ_ROW(0, acc0) BLOCKQ_ROW(1, acc1) BLOCKQ_ROW(2, acc2) BLOCKQ_ROW(3, acc3)
+#undef BLOCKQ_ROW
+      }
+      const float* sums = a.scaled_sum.data() + i * blocks;
+      const __m512 accs[4] = {acc0, acc1, acc2, acc3};
+      for (int64_t j = 0; j < rows; ++j)
+        out[i * n + r + j] = _mm512_reduce_add_ps(accs[j]) + row_offset<BITS>(d, mn, sums, r + j, blocks, true);
+    }
+  }
+}
+
+#endif
+
+// Rows [r0, r1) of the weight back in float, block order: [r1 - r0, K].
+void dequantize_rows(const uint8_t* weights, const float* d, const float* mn, int64_t bits, int64_t k, int64_t r0,
+                     int64_t r1, float* out) {
+  const int64_t blocks = k / kBlock, row_bytes = bits == 4 ? k / 2 : k;
+  for (int64_t r = r0; r < r1; ++r) {
+    float* dst = out + (r - r0) * k;
+    for (int64_t p = 0; p < k / kPair; ++p) {
+      for (int64_t j = 0; j < kPair; ++j) {
+        const int q = stored_value(weights + r * row_bytes, bits, p, j);
+        const int64_t position = p * kPair + pair_source(j), b = position / kBlock;
+        dst[position] = d[r * blocks + b] * static_cast<float>(q) + (bits == 4 ? mn[r * blocks + b] : 0.f);
+      }
+    }
+  }
+}
+
+using Rows = void (*)(const uint8_t*, const float*, const float*, const Activations&, int64_t, int64_t, int64_t,
+                     int64_t, int64_t, float*);
+
+Rows pick(const std::string& path, int64_t bits) {
+  const bool four = bits == 4;
+#ifdef BLOCKQ_X86
+  if (path == "vnni") return four ? rows_vnni<4> : rows_vnni<8>;
+  if (path == "avx2") return four ? rows_avx2<4> : rows_avx2<8>;
+#endif
+  if (path == "portable") return four ? rows_portable<4> : rows_portable<8>;
+  TORCH_CHECK(false, "block_quant: no code path '", path, "' in this build");
+}
+
+}  // namespace
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
+                     const torch::Tensor& mins, int64_t bits, const std::string& path) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "block_quant: x must be [M, K] float32");
+  TORCH_CHECK(bits == 4 || bits == 8, "block_quant: bits must be 4 or 8");
+  const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0), blocks = k / kBlock;
+  TORCH_CHECK(k % kPair == 0, "block_quant: K must be a multiple of 64");
+  TORCH_CHECK(qweight.is_contiguous() && qweight.size(1) == (bits == 4 ? k / 2 : k),
+              "block_quant: weight does not match K");
+  TORCH_CHECK(scales.is_contiguous() && scales.size(0) == n && scales.size(1) == blocks,
+              "block_quant: scales must be [N, K/32]");
+  TORCH_CHECK(bits == 8 || (mins.is_contiguous() && mins.sizes() == scales.sizes()),
+              "block_quant: mins must be [N, K/32]");
+  const Rows rows = pick(path, bits);
+  const torch::Tensor xc = x.contiguous();
+  const uint8_t* weights = static_cast<const uint8_t*>(qweight.data_ptr());
+  const float* d = scales.data_ptr<float>();
+  const float* mn = bits == 4 ? mins.data_ptr<float>() : nullptr;
+  if (m > kIntegerRows) {
+    // Many rows (a prompt): the weights go back to float a tile at a time, for the float GEMM, which
+    // is faster than integer dot products at this size. Decoding and verification stay below.
+    torch::Tensor y = torch::empty({m, n}, x.options());
+    const bool inference = c10::InferenceMode::is_enabled();  // worker threads do not inherit it
+    at::parallel_for(0, n, kTile, [&](int64_t begin, int64_t end) {
+      c10::InferenceMode guard(inference);
+      for (int64_t t = begin; t < end; t += kTile) {
+        const int64_t stop = std::min(end, t + kTile);
+        torch::Tensor tile = torch::empty({stop - t, k}, x.options());
+        dequantize_rows(weights, d, mn, bits, k, t, stop, tile.data_ptr<float>());
+        y.narrow(1, t, stop - t).copy_(at::mm(xc, tile.t()));
+      }
+    });
+    return y;
+  }
+  const Activations a = quantize_activations(xc.data_ptr<float>(), m, k);
+  torch::Tensor y = torch::empty({m, n}, x.options());
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) { rows(weights, d, mn, a, m, k, begin, end, n, out); });
+  return y;
+}
+
+TORCH_LIBRARY(tandem_block_quant, lib) {
+  lib.def("linear(Tensor x, Tensor qweight, Tensor scales, Tensor mins, int bits, str path) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tandem_block_quant, CPU, lib) { lib.impl("linear", linear); }

@@ -1,0 +1,59 @@
+"""Tandem's C++ CPU kernels (engine/models/native/*.cpp), built once with torch's extension builder.
+
+One extension holds them all, so a first start compiles once (about 30 s on 2 cores) and every later
+start loads the library from the cache folder (per torch version; ninja rebuilds a changed source).
+Each source registers its own torch op namespace: `tandem_block_quant` (block-quantized layers,
+engine.models.block_quant). Without a C++ compiler (the installed bundle) they are unavailable, and
+each caller says why and takes its float path.
+
+TANDEM_NATIVE_DIR overrides where the library is built (the test suite shares one across processes).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+SOURCES = sorted((Path(__file__).parent / "native").glob("*.cpp"))
+
+
+def build_folder() -> Path:
+    from engine.paths import cache_dir
+
+    root = (
+        Path(os.environ["TANDEM_NATIVE_DIR"])
+        if os.environ.get("TANDEM_NATIVE_DIR")
+        else cache_dir() / "native"
+    )
+    folder = root / f"torch-{torch.__version__}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@functools.cache
+def build_error() -> str | None:
+    """None once the kernels are loaded (building them the first time), else why they cannot be."""
+    if hasattr(torch.ops.tandem_block_quant, "linear"):
+        return None
+    if getattr(sys, "frozen", False):
+        return "the installed bundle carries no C++ compiler to build Tandem's CPU kernels"
+    try:
+        from torch.utils import cpp_extension
+
+        cpp_extension.load(
+            name="tandem_native",
+            sources=[str(source) for source in SOURCES],
+            extra_cflags=["-O3", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_folder()),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as exc:  # no compiler, no ninja, a failed build: the kernels are "not here"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"Tandem's CPU kernels could not be built ({exc.__class__.__name__}: {first[:160]})"
+    return None

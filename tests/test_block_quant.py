@@ -1,0 +1,166 @@
+"""The block-quantized kernels (engine.models.block_quant): every code path this CPU runs against the
+arithmetic it claims, a GGUF Q4_1 block held exactly, fused projections, and the compiled forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models import block_quant as bq
+from engine.models import quant_kernels as qk
+from engine.models.cpu_features import cpu_flags
+from engine.runtime.eager import ModelRunner
+from engine.runtime.fastpath import FastRunner
+
+PATHS = ["portable"] + (["avx2"] if {"avx2", "fma"} <= cpu_flags() else [])
+PATHS += ["vnni"] if bq.best_path() == "vnni" else []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    assert bq.build_error() is None, bq.build_error()
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes, in float: activations rounded to INT8 blocks of 32, times `weight`."""
+    blocks = x.reshape(x.shape[0], -1, bq.BLOCK)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(blocks / scale.clamp(min=1e-30)).clamp(-127, 127)
+    return F.linear((q * scale).reshape(x.shape), weight)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("path", PATHS)
+def test_each_code_path_computes_the_block_arithmetic(bits, path):
+    torch.manual_seed(bits)
+    weight = torch.randn(70, 192) * 0.05  # 70 rows: the four-row loop's tail runs too
+    x = torch.randn(3, 192)
+    x[1, :32] = 0  # an all-zero block
+    qweight, scales, mins = bq.quantize_blocks(weight, bits)
+    held = bq.dequantize_blocks(qweight, scales, mins, bits)
+    y = torch.ops.tandem_block_quant.linear(x, qweight, scales, mins, bits, path)
+    torch.testing.assert_close(y, reference(x, held), atol=2e-5, rtol=1e-5)
+    # a prompt's many rows take the float GEMM on the same weights
+    many = torch.randn(bq.INTEGER_ROWS + 1, 192)
+    y = torch.ops.tandem_block_quant.linear(many, qweight, scales, mins, bits, path)
+    torch.testing.assert_close(y, F.linear(many, held), atol=2e-5, rtol=1e-5)
+    # and the blocks are a fair copy of the float weight
+    assert (held - weight).abs().max() < (0.02 if bits == 4 else 0.002)
+
+
+def test_a_gguf_q4_1_block_is_held_exactly():
+    """w = d·q + m with q spanning 0..15 in each block, as a Q4_1 file holds it: the same numbers back."""
+    torch.manual_seed(1)
+    n, k = 8, 128
+    q = torch.randint(0, 16, (n, k // 32, 32)).float()
+    q[..., 0], q[..., 1] = 0, 15
+    d = torch.rand(n, k // 32, 1) * 0.01 + 1e-3
+    m = torch.randn(n, k // 32, 1) * 0.05
+    weight = (q * d + m).reshape(n, k)
+    held = bq.dequantize_blocks(*bq.quantize_blocks(weight, 4), bits=4)
+    torch.testing.assert_close(held, weight, atol=1e-6, rtol=0)
+
+
+def test_fused_projections_compute_what_the_layers_do():
+    torch.manual_seed(2)
+    layers = [bq.BlockQuantLinear.quantized(torch.randn(n, 128) * 0.05, None, 4) for n in (64, 32, 32)]
+    x = torch.randn(2, 5, 128)
+    separate = torch.cat([layer(x) for layer in layers], dim=-1)
+    fused = bq.concatenated(layers)
+    torch.testing.assert_close(fused(x), separate)
+    assert bq.shares_buffers(layers, fused)  # the layers now read slices of the fused weights
+    torch.testing.assert_close(torch.cat([layer(x) for layer in layers], dim=-1), separate)
+
+
+def test_a_layer_whose_width_is_not_a_multiple_of_64_stays_float():
+    make = qk.KERNELS["int4-block-q4_1"].make_linear
+    weight = torch.randn(16, 40)
+    layer = make(weight, None)
+    assert type(layer) is torch.nn.Linear and torch.equal(layer.weight, weight)
+    assert type(make(torch.randn(16, 64), None)) is bq.BlockQuantLinear
+
+
+def tiny_quantized(kernel: str, tokenizer):
+    from tests.conftest import build_tiny_llama
+
+    return qk.KERNELS[kernel].build(build_tiny_llama(tokenizer, seed=3, hidden=128, vocab_size=512))
+
+
+PROMPT = [5, 17, 99, 3, 250, 41, 7, 300, 12]
+
+
+def greedy(runner, prompt, steps=12):
+    runner.reset()
+    logits = runner.prefill(prompt)
+    out = []
+    for _ in range(steps):
+        token = int(logits[-1].argmax())
+        out.append(token)
+        logits = runner.forward([token])
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["int4-block-q4_1", "int8-block-q8_0"])
+def test_the_fast_path_fuses_block_quantized_layers_and_matches_the_model(kernel, builtin_tokenizer):
+    model = tiny_quantized(kernel, builtin_tokenizer)
+    assert type(model.lm_head) is bq.BlockQuantLinear and model.lm_head.bits == 8
+    fast = FastRunner(model, compiled="off")
+    assert fast.fast.fused is not None, fast.fast.unfused_reason
+    assert fast.fast.fused[0].qkv_quant is not None
+    slow = ModelRunner(model)
+    torch.testing.assert_close(fast.prefill(PROMPT), slow.prefill(PROMPT), atol=1e-4, rtol=1e-4)
+    assert greedy(fast, PROMPT) == greedy(slow, PROMPT)
+
+
+def test_the_compiled_forward_calls_the_kernel_and_gives_the_eager_tokens(monkeypatch, builtin_tokenizer):
+    monkeypatch.delenv("TANDEM_COMPILE", raising=False)  # the suite's default is off
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch,
+        "compile",
+        lambda module, **kwargs: real_compile(
+            module, backend="aot_eager", dynamic=kwargs["dynamic"], fullgraph=True
+        ),
+    )
+    model = tiny_quantized("int4-block-q4_1", builtin_tokenizer)
+    eager = FastRunner(model, compiled="off", prefill_chunk=8)
+    compiled = FastRunner(model, compiled="auto", prefill_chunk=8, verify_sizes=(4,), dynamic_shapes=True)
+    compiled.warm_up()
+    assert compiled.is_compiled, compiled.notice
+    assert greedy(compiled, PROMPT) == greedy(eager, PROMPT)
+
+
+def test_a_target_that_rounds_activations_runs_alone_and_says_why(make_tiny):
+    """A verify forward and a one-token step could round an activation differently; drafting would
+    then not be exact, so the engine does not draft for such a target."""
+    from engine.models.loaded import LoadedModel
+    from engine.session import ChatEngine
+    from engine.settings import SpeculationSettings
+
+    tiny = make_tiny(seed=4, hidden=128)
+    model = qk.KERNELS["int4-block-q4_1"].build(tiny.model)
+    target = LoadedModel(
+        tiny.spec, model, tiny.tokenizer, tiny.device, tiny.dtype, "int4", info={"kernel": "int4-block-q4_1"}
+    )
+    engine = ChatEngine(target, None, speculation=SpeculationSettings(drafter="ngram", k=4), compiled="off")
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8]  # a repeat the n-gram drafter would draft from
+    finished = engine.generate_ids(prompt)
+    assert finished.stats.drafted == 0 and finished.stats.generated_tokens > 0
+    assert "rounds activations" in finished.stats.note and "int4-block-q4_1" in finished.stats.note
+    plain = LoadedModel(tiny.spec, tiny.model, tiny.tokenizer, tiny.device, tiny.dtype)  # not quantized
+    float_engine = ChatEngine(
+        plain, None, speculation=SpeculationSettings(drafter="ngram", k=4), compiled="off"
+    )
+    assert "rounds activations" not in float_engine.generate_ids(prompt).stats.note
+
+
+def test_no_draft_model_is_loaded_for_a_target_that_rounds_activations(builtin_folder):
+    from engine.models.builtin import DEFAULT_TARGET
+    from engine.models.pair import load_pair
+    from engine.models.quantize import rounds_activations
+
+    target, draft = load_pair(DEFAULT_TARGET, None, device="cpu", target_precision="int4")
+    # the block kernel wherever the CPU has AVX2; a weight-only INT4 kernel elsewhere keeps its draft
+    assert (draft is None) == rounds_activations(target)
+    assert draft is None or target.info["kernel"] != "int4-block-q4_1"

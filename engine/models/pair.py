@@ -32,6 +32,10 @@ def load_pair(
     )
     if draft_spec is not None and draft_spec.lower() in NO_DRAFT_MODEL:
         return target, None
+    from engine.models.quantize import rounds_activations
+
+    if rounds_activations(target):  # nothing is drafted for such a target (ChatEngine says why)
+        return target, None
     draft_device = draft_device or device
     source = target_spec if draft_spec is None else draft_spec
     draft = load_model(source, device=draft_device, dtype=dtype, progress=progress, quantization=quantization)

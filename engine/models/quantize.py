@@ -56,8 +56,9 @@ def precision_note(precision: str, device) -> str:
         speed = "" if native else " This CPU has no native bf16, so it is likely slower than fp32."
         return f"bf16 halves the weights' memory; output differs slightly from fp32.{speed}"
     return (
-        f"{precision.upper()} target: less memory; its output is not identical to the fp32 model's. "
-        "Speculative decoding keeps this target's own output exactly."
+        f"{precision.upper()} target: less memory and, on a CPU, GGUF-style blocks with integer dot "
+        "products; its output is its own, not identical to the fp32 model's. Where its kernel rounds "
+        "activations (the CPU block kernels do), Tandem does not draft for it, to stay exact."
     )
 
 
@@ -72,13 +73,8 @@ def quantization_note(mode: str, device) -> str:
             return "INT8 (bitsandbytes LLM.int8) halves memory but is often slower per token than bf16."
         return "INT4 (bitsandbytes NF4) uses about a quarter of bf16 memory; speed is close to bf16."
     if mode == "int8":
-        return "INT8 (dynamic) is faster than fp32 on this CPU and needs less memory."
-    from engine.models.quant_kernels import int4_cpu_unavailable_reason
-
-    reason = int4_cpu_unavailable_reason()
-    if reason is not None:
-        return f"INT4 is unavailable on this CPU ({reason})."
-    return "INT4 saves memory but is slower on this CPU."
+        return "INT8 weights take a quarter of fp32's memory."
+    return "INT4 weights take an eighth of fp32's memory."
 
 
 def load_time_quantization(mode: str, device, dtype) -> dict[str, Any]:
@@ -101,6 +97,25 @@ def load_time_quantization(mode: str, device, dtype) -> dict[str, Any]:
     return {"quantization_config": config, "device_map": device_map}
 
 
+def rounds_activations(loaded) -> bool:
+    """Whether a loaded model's kernel rounds activations per call (see quant_kernels.Kernel)."""
+    from engine.models.quant_kernels import KERNELS
+
+    kernel = KERNELS.get(loaded.info.get("kernel") or "")
+    return loaded.quantization != "none" and kernel is not None and kernel.rounds_activations
+
+
+def no_drafting_note(loaded) -> str:
+    """Why nothing is drafted for this target (its kernel rounds activations), or "" when drafting is exact."""
+    if not rounds_activations(loaded):
+        return ""
+    return (
+        f"No drafting on this target: its kernel ({loaded.info['kernel']}) rounds activations to integers "
+        "on each call, so checking several drafted tokens at once could pick a different token than one "
+        "step would. It runs alone; fp32 and bf16 targets keep drafting exact."
+    )
+
+
 def cpu_int8_quantize(model, inplace: bool = True):
     """torch.ao's stock dynamic INT8 of every nn.Linear, unchecked; the report's `int8-dynamic-plain`."""
     import copy
@@ -115,8 +130,8 @@ def cpu_int8_quantize(model, inplace: bool = True):
 
 def _kernel_note(mode: str, device, chosen, refused: list[dict]) -> str:
     base = quantization_note(mode, device)
-    if mode == "int8" and chosen.device_type == "cpu" and not chosen.name.startswith("int8-dynamic"):
-        base = "INT8 (weight-only) needs less memory but is slower than fp32 on this CPU."
+    if chosen.name.startswith(("int8-weight", "int4-weight")):
+        base += " This weight-only kernel is slower than fp32 on most CPUs."
     line = f"Kernel: {chosen.name} ({chosen.summary})."
     if refused:
         why = "; ".join(f"{r['kernel']}: {r['reason']}" for r in refused)

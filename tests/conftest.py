@@ -8,6 +8,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # No background builds of the compiled path from the commands and engines tests start (each would
 # run a compiling helper process); the tests of compilation lift this themselves.
 os.environ.setdefault("TANDEM_COMPILE", "off")
+# Tandem's C++ kernels are built once for the whole run, also for the processes tests start with a
+# cache folder of their own (engine.models.native_ops).
+if "TANDEM_NATIVE_DIR" not in os.environ:
+    from engine.paths import cache_dir
+
+    os.environ["TANDEM_NATIVE_DIR"] = str(cache_dir() / "native")
 
 import pytest  # noqa: E402
 

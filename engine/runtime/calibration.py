@@ -72,6 +72,8 @@ def machine_key(device) -> dict:
 
 def model_key(loaded, runner) -> dict:
     """The model as far as its speed goes: architecture, precision, quantization and runner kind."""
+    from engine.runtime import row_linear
+
     config = loaded.model.config
     architecture = (
         config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
@@ -83,6 +85,7 @@ def model_key(loaded, runner) -> dict:
         "kernel": loaded.info.get("kernel"),
         "runner": type(runner).__name__,
         "compiled": bool(getattr(runner, "is_compiled", False)),
+        "row_linear": row_linear.kernel_name(loaded.model),
     }
 
 

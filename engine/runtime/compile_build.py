@@ -35,7 +35,7 @@ HELPER_NICENESS = 10
 
 def marker_path(loaded, capture: tuple[int, ...]) -> Path:
     """Where the helper records that the cache holds this model's graphs on this machine."""
-    from engine.runtime import calibration
+    from engine.runtime import calibration, row_linear
 
     key = {
         "machine": calibration.machine_key(loaded.device),
@@ -43,6 +43,7 @@ def marker_path(loaded, capture: tuple[int, ...]) -> Path:
         "dtype": str(loaded.dtype),
         "quantization": loaded.quantization,
         "kernel": loaded.info.get("kernel"),
+        "row_linear": row_linear.kernel_name(loaded.model),
         "capture": list(capture),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.block_quant import BlockQuantLinear, concatenated, shares_buffers
+from engine.runtime import row_linear
 
 # Norm classes whose forward is weight * x * rsqrt(mean(x^2) + eps), which F.rms_norm computes in one op.
 PLAIN_RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
@@ -124,6 +125,8 @@ class FusedLayer(nn.Module):
         self.register_buffer("qkv_bias", qkv_bias, persistent=False)
         self.register_buffer("gate_up_weight", gate_up_weight, persistent=False)
         self.o_proj, self.down_proj = attn.o_proj, mlp.down_proj
+        # the row-exact float kernel's code path (engine.runtime.row_linear), or None for F.linear
+        self.linear_path = None if qkv_weight is None else row_linear.path_for(qkv_weight)
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.eps = float(layer.input_layernorm.variance_epsilon)
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
@@ -137,7 +140,7 @@ class FusedLayer(nn.Module):
         if self.qkv_quant is not None:
             qkv = self.qkv_quant(h)
         else:
-            qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
+            qkv = row_linear.linear(h, self.qkv_weight, self.qkv_bias, self.linear_path)
         qkv = qkv.view(1, T, H + 2 * KV, D)
         qk = qkv[:, :, : H + KV]
         qk = qk * cos + torch.roll(qk, D // 2, dims=-1) * sin_signed  # [1, T, H+KV, D]
@@ -150,14 +153,19 @@ class FusedLayer(nn.Module):
         q = q.reshape(1, KV, G * T, D)
         y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)  # [1, KV, G*T, D]
         y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
-        x = x + self.o_proj(y)
+        x = x + self._project(self.o_proj, y)
         h = self._norm(x, self.post_norm)
         if self.gate_up_quant is not None:
             gate_up = self.gate_up_quant(h)
         else:
-            gate_up = F.linear(h, self.gate_up_weight)
+            gate_up = row_linear.linear(h, self.gate_up_weight, None, self.linear_path)
         gate, up = gate_up.chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        return x + self._project(self.down_proj, F.silu(gate) * up)
+
+    def _project(self, module, x: Tensor) -> Tensor:
+        if self.linear_path is not None and type(module) is nn.Linear:
+            return row_linear.linear(x, module.weight, module.bias, self.linear_path)
+        return module(x)
 
     def _norm(self, x: Tensor, norm) -> Tensor:
         if x.dtype == torch.float32:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.runtime import row_linear
 from engine.runtime.fused_layer import FusedLayer, fusable_reason, signed_sin
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -92,12 +93,15 @@ class FastLlama(nn.Module):
             filter(None, (fusable_reason(layer, config) for layer in self.layers)), None
         )
         self.fused = None
+        self.head_path = None  # the LM head's row-exact kernel path (with fused layers), or None
         if self.unfused_reason is None:
             self.register_buffer("rope_sin_signed", signed_sin(self.rope_sin), persistent=False)
             self.fused = nn.ModuleList(
                 FusedLayer(layer, config, self.n_heads, self.n_kv_heads, self.head_dim)
                 for layer in self.layers
             )
+            if type(self.lm_head) is nn.Linear:
+                self.head_path = row_linear.path_for(self.lm_head.weight)
 
     def forward(
         self,
@@ -152,6 +156,8 @@ class FastLlama(nn.Module):
             if len(self.layers) in capture:
                 features.append(x[0])
             captured = torch.cat(features, dim=-1)  # [T, F*C]
+        if self.head_path is not None:
+            return row_linear.linear(x, self.lm_head.weight, self.lm_head.bias, self.head_path), captured
         return self.lm_head(x), captured  # [1, T, V]
 
     def attention(self, attn, x, kv_cache, slots, cos, sin, attn_mask, window: int) -> Tensor:

@@ -211,11 +211,13 @@ def head_drafter(target, runner, source=None, draft_vocab: int | None = None) ->
     """A HeadDrafter for `target` (a LoadedModel) on its runner: the head in folder `source`, or the
     one Tandem ships for this target. `draft_vocab` keeps only the N most frequent draft tokens."""
     from engine.models.head import find_head, load_head
+    from engine.runtime import row_linear
 
     folder = find_head(target, source)
     head = load_head(folder, target.model, device=runner.device)
     if draft_vocab:
         head = head.truncated(draft_vocab)
+    row_linear.use_in(head)
     name = "head" if source is None else f"head:{folder.name}"
     return HeadDrafter(
         head, target.model.get_input_embeddings(), runner.vocab_size, runner.context_length, name

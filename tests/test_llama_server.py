@@ -48,8 +48,8 @@ def free_port() -> int:
 
 
 class LlamaServer:
-    def __init__(self, *extra: str):
-        gguf = str(builtin_gguf())
+    def __init__(self, *extra: str, model: Path | None = None):
+        gguf = str(model or builtin_gguf())
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # one thread: llama.cpp's threads spin while waiting, which starves a shared 2-core machine
@@ -192,3 +192,37 @@ def test_cli_chat_shows_llama_servers_stats(draft_server):
     assert result.stdout.strip()
     assert "drafter llama.cpp:speculative" in result.stderr and "acceptance" in result.stderr
     assert "speed-up" not in result.stderr  # llama.cpp does not report one; none is invented
+
+
+def test_an_f32_copy_of_the_gguf_answers_with_tandems_fp32_greedy_tokens(tmp_path, monkeypatch):
+    """`llama-cpp-f32` (the benchmark's equal-precision method) runs the fp32 weights Tandem's target
+    holds: the F32 copy of the built-in GGUF, served by llama.cpp, continues a prompt greedily with
+    the tokens Tandem's own fp32 target chooses."""
+    from engine.bench.f32_gguf import f32_gguf
+    from engine.models.builtin import DEFAULT_TARGET
+    from engine.models.chat_template import chat_prompt_ids
+    from engine.models.loading import load_model
+    from engine.session import ChatEngine
+    from engine.settings import SamplingSettings, SpeculationSettings
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))  # written anew here
+    f32 = f32_gguf(builtin_gguf())
+    assert f32.parent == tmp_path / "gguf" and f32.stat().st_size > 4 * builtin_gguf().stat().st_size
+    target = load_model(DEFAULT_TARGET, device="cpu")
+    prompt = chat_prompt_ids(target.tokenizer, PROMPT)
+    engine = ChatEngine(
+        target,
+        None,
+        sampling=SamplingSettings(temperature=0.0, max_new_tokens=16),
+        speculation=SpeculationSettings(drafter="none"),
+        compiled="off",
+    )
+    tandem_tokens = list(engine.generate_ids(prompt).token_ids)
+    server = LlamaServer(model=f32)
+    try:
+        body = {"prompt": prompt, "n_predict": 16, "temperature": 0.0, "return_tokens": True}
+        response = httpx.post(f"{server.url}/completion", json=body, timeout=120)
+        assert response.status_code == 200, response.text[:300]
+        assert [int(t) for t in response.json()["tokens"]] == tandem_tokens
+    finally:
+        server.stop()

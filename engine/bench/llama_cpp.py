@@ -1,7 +1,8 @@
 """llama.cpp's `llama-server` as a benchmark method, on the same GGUF and the same prompt tokens.
 
 `llama-cpp` is plain decoding; `llama-cpp-spec` is llama.cpp's own speculative decoding with the same
-GGUF as draft (`-md`), the usual way to try it without a second model. Each turn sends Tandem's
+GGUF as draft (`-md`), the usual way to try it without a second model; `llama-cpp-f32` is plain
+decoding on an F32 copy of the GGUF (engine/bench/f32_gguf.py), the weights Tandem's fp32 target holds. Each turn sends Tandem's
 prompt token ids to `/completion` (so both engines read identical tokens) and times the call here,
 as the Tandem methods are timed around `generate_ids`. Draft counts are llama.cpp's `timings`
 (draft_n, draft_n_accepted); llama.cpp does not report rounds, so no mean accepted length is shown.
@@ -9,8 +10,8 @@ as the Tandem methods are timed around `generate_ids`. Draft counts are llama.cp
 llama-server runs with `--poll 0`: its threads sleep instead of spinning while they wait, as torch's do,
 which keeps it from collapsing on a machine shared with other work.
 
-Not like for like in one respect: llama.cpp runs the GGUF's Q4_1 weights with its own kernels, while
-Tandem runs the same weights dequantized to fp32. The binaries come from packaging/build_llama_cpp.sh.
+Not like for like in one respect unless `llama-cpp-f32` is used: llama.cpp runs the GGUF's Q4_1
+weights with its own kernels, while Tandem's fp32 target runs the same weights dequantized. The binaries come from packaging/build_llama_cpp.sh.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from engine.bench.records import Tally, TurnResult
 from engine.errors import TandemError
 
-LLAMA_CPP_KINDS = ("llama-cpp", "llama-cpp-spec")
+LLAMA_CPP_KINDS = ("llama-cpp", "llama-cpp-spec", "llama-cpp-f32")
 DEFAULT_BIN = Path(__file__).resolve().parents[2] / ".venv" / "llama.cpp" / "bin"
 START_TIMEOUT_S = 180
 
@@ -121,6 +122,10 @@ class LlamaCppRunner:
         self.method = method
         self.sampling = sampling
         gguf = gguf_for(target_spec)
+        if method.kind == "llama-cpp-f32":
+            from engine.bench.f32_gguf import f32_gguf
+
+            gguf = f32_gguf(gguf)
         extra = ["-md", str(gguf), "--spec-type", "draft-simple"] if method.kind == "llama-cpp-spec" else []
         threads = threads or torch.get_num_threads()
         if extra:

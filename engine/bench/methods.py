@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from engine.bench.records import Tally, TurnResult, tally_from_stats
 from engine.errors import SettingsError
 
-# llama-cpp, llama-cpp-spec: llama.cpp's llama-server on the same GGUF (engine/bench/llama_cpp.py);
+# llama-cpp, llama-cpp-spec, llama-cpp-f32: llama.cpp's llama-server on the same GGUF, or its F32 copy
+# (engine/bench/llama_cpp.py);
 # baseline-eager: the target alone on the uncompiled fast path, beside a compiled baseline
 METHOD_KINDS = (
     "baseline",
@@ -22,6 +23,7 @@ METHOD_KINDS = (
     "hf-plain",
     "llama-cpp",
     "llama-cpp-spec",
+    "llama-cpp-f32",
 )
 
 

@@ -7,7 +7,7 @@ import platform
 import sys
 import time
 
-from engine.bench.methods import HFSettings, Method
+from engine.bench.methods import METHOD_KINDS, HFSettings, Method
 from engine.errors import SettingsError
 
 DEFAULT_METHODS = "baseline,tandem,tandem-ngram,hf-assisted,hf-lookup,hf-plain"
@@ -38,7 +38,7 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument(
         "--methods",
         default=None,
-        help=f"comma list from baseline, tandem, tandem-ngram, tandem-suffix, tandem-auto, hf-assisted, hf-lookup, hf-plain (default: {DEFAULT_METHODS})",
+        help=f"comma list from {', '.join(METHOD_KINDS)} (default: {DEFAULT_METHODS})",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")

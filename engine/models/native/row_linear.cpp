@@ -49,7 +49,12 @@ __attribute__((target(ROWLIN_AVX512))) inline void block512(const float* x, cons
   int64_t j = 0;
   for (; j + 16 <= k; j += 16) {
     __m512 xv[C];
-    for (int c = 0; c < C; ++c) xv[c] = _mm512_loadu_ps(x + (i + c) * k + j);
+    for (int c = 0; c < C; ++c) {
+      xv[c] = _mm512_loadu_ps(x + (i + c) * k + j);
+      // keep the activations in registers: folded into each FMA they would be loaded R times, and
+      // loads, not FMAs, then bound the loop (CPUs with one 512-bit load a cycle)
+      asm volatile("" : "+v"(xv[c]));
+    }
     for (int a = 0; a < R; ++a) {
       const __m512 wv = _mm512_loadu_ps(w + (r + a) * k + j);
       for (int c = 0; c < C; ++c) acc[a][c] = _mm512_fmadd_ps(wv, xv[c], acc[a][c]);
@@ -119,9 +124,9 @@ struct Kernels {
 #ifdef ROWLIN_X86
 Kernels avx512_kernels() {
   return Kernels{8,
-                 {0, 4, 4, 4, 4, 4, 4, 3, 3},
+                 {0, 4, 4, 4, 4, 4, 4, 2, 2},
                  {nullptr, block512<4, 1>, block512<4, 2>, block512<4, 3>, block512<4, 4>, block512<4, 5>,
-                  block512<4, 6>, block512<3, 7>, block512<3, 8>},
+                  block512<4, 6>, block512<2, 7>, block512<2, 8>},
                  {nullptr, block512<1, 1>, block512<1, 2>, block512<1, 3>, block512<1, 4>, block512<1, 5>,
                   block512<1, 6>, block512<1, 7>, block512<1, 8>}};
 }

@@ -94,3 +94,15 @@ def test_the_draft_head_runs_on_the_kernel_and_drafts_as_before(builtin_folder):
     assert linears and all(type(m) is RowLinear for m in linears)
     x = torch.randn(3, linears[0].in_features)
     torch.testing.assert_close(linears[0](x), F.linear(x, linears[0].weight), atol=1e-4, rtol=1e-5)
+
+
+def test_a_first_build_of_the_kernels_is_said_while_it_runs(monkeypatch, tmp_path):
+    from engine.models import native_ops
+
+    said = []
+    native_ops.build(lambda message, done, total: said.append((message, done)))
+    assert said == []  # built already in this process: nothing to say
+    monkeypatch.setenv("TANDEM_NATIVE_DIR", str(tmp_path))
+    monkeypatch.setattr(native_ops.build_error, "cache_info", lambda: type("Info", (), {"currsize": 0})())
+    native_ops.build(lambda message, done, total: said.append((message, done)))
+    assert said == [(native_ops.BUILDING, 0), (native_ops.BUILDING, 1)]

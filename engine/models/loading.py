@@ -206,6 +206,10 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     tokenizer = load_tokenizer(folder)
+    if torch_device.type == "cpu":  # the fast path's kernels: built once, said while it runs
+        from engine.models import native_ops
+
+        native_ops.build(progress)
     model = from_pretrained(AutoModelForCausalLM, folder, dtype=torch_dtype)
     model.to(torch_device)
     model.eval()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+LIBRARY = "tandem_native"
 SOURCES = sorted((Path(__file__).parent / "native").glob("*.cpp"))
 
 
@@ -46,7 +47,7 @@ def build_error() -> str | None:
         from torch.utils import cpp_extension
 
         cpp_extension.load(
-            name="tandem_native",
+            name=LIBRARY,
             sources=[str(source) for source in SOURCES],
             extra_cflags=["-O3", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
@@ -58,3 +59,21 @@ def build_error() -> str | None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"Tandem's CPU kernels could not be built ({exc.__class__.__name__}: {first[:160]})"
     return None
+
+
+BUILDING = "Building Tandem's CPU kernels for this machine (once)"
+
+
+def build(progress=None) -> str | None:
+    """build_error(), telling `progress` while a first build runs (tens of seconds)."""
+    first = (
+        build_error.cache_info().currsize == 0
+        and not getattr(sys, "frozen", False)
+        and not any(build_folder().glob(f"{LIBRARY}*.so"))
+    )
+    if first and progress is not None:
+        progress(BUILDING, 0, 1)
+    error = build_error()
+    if first and progress is not None:
+        progress(BUILDING, 1, 1)
+    return error

@@ -112,8 +112,8 @@ __attribute__((target(ROWLIN_AVX2))) inline void block256(const float* x, const 
 using Block = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, float*);
 
 // The kernels for one code path: weight rows dotted together (R) and activation rows per pass (C)
-// are chosen so that R * C accumulators, C activation vectors and one weight vector stay in registers
-// (32 vector registers with AVX-512, 16 with AVX2; the activations are read from L1 as operands).
+// are chosen so that the R * C accumulators stay in registers: with AVX-512 (32 registers) the C
+// activation vectors and a weight vector as well; with AVX2 (16) the activations are FMA operands.
 struct Kernels {
   int64_t chunk;                   // activation rows per pass over the weights
   int64_t rows[kChunk + 1];        // R for a pass of c activation rows

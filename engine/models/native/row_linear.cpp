@@ -30,7 +30,8 @@ namespace {
 constexpr int64_t kRows = 16;      // at most this many activation rows take the kernel (ROW_EXACT_ROWS)
 constexpr int64_t kChunk = 8;      // activation rows per pass over a group of weight rows, at most
 constexpr int64_t kGroup = 12;     // weight rows per group (a multiple of every R below)
-constexpr int64_t kGrain = 32;     // weight rows per parallel task, at the least
+constexpr int64_t kTaskWeights = 32768;  // weights per parallel task, at the least: a small layer runs on
+                                          // one thread, where waking the other costs more than it saves
 
 #ifdef ROWLIN_X86
 
@@ -167,7 +168,8 @@ torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   const float* bp = has_bias ? bc.data_ptr<float>() : nullptr;
   torch::Tensor y = torch::empty({m, n}, x.options());
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, (n + kGroup - 1) / kGroup, kGrain / kGroup, [&](int64_t begin, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, kTaskWeights / (kGroup * k));
+  at::parallel_for(0, (n + kGroup - 1) / kGroup, grain, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t r0 = g * kGroup, r1 = std::min(n, r0 + kGroup);
       for (int64_t i = 0; i < m; i += kernels.chunk) {

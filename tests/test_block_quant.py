@@ -12,6 +12,7 @@ from engine.models import quant_kernels as qk
 from engine.models.cpu_features import cpu_flags
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner
+from tests.test_fastpath import greedy
 
 PATHS = ["portable"] + (["avx2"] if {"avx2", "fma"} <= cpu_flags() else [])
 PATHS += ["vnni"] if bq.best_path() == "vnni" else []
@@ -88,17 +89,6 @@ def tiny_quantized(kernel: str, tokenizer):
 
 
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 300, 12]
-
-
-def greedy(runner, prompt, steps=12):
-    runner.reset()
-    logits = runner.prefill(prompt)
-    out = []
-    for _ in range(steps):
-        token = int(logits[-1].argmax())
-        out.append(token)
-        logits = runner.forward([token])
-    return out
 
 
 @pytest.mark.parametrize("kernel", ["int4-block-q4_1", "int8-block-q8_0"])

@@ -35,17 +35,12 @@ HELPER_NICENESS = 10
 
 def marker_path(loaded, capture: tuple[int, ...]) -> Path:
     """Where the helper records that the cache holds this model's graphs on this machine."""
-    from engine.runtime import calibration, row_linear
+    from engine.runtime import calibration
 
-    key = {
-        "machine": calibration.machine_key(loaded.device),
-        "config": calibration.model_key(loaded, None)["config"],
-        "dtype": str(loaded.dtype),
-        "quantization": loaded.quantization,
-        "kernel": loaded.info.get("kernel"),
-        "row_linear": row_linear.kernel_name(loaded.model),
-        "capture": list(capture),
-    }
+    # the model as calibration keys it (architecture, precision, kernels), less the runner's kind
+    model = calibration.model_key(loaded, None)
+    del model["runner"], model["compiled"]
+    key = {"machine": calibration.machine_key(loaded.device), **model, "capture": list(capture)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return inductor_cache_dir() / "built" / f"{digest}.json"
 

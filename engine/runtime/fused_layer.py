@@ -153,19 +153,14 @@ class FusedLayer(nn.Module):
         q = q.reshape(1, KV, G * T, D)
         y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)  # [1, KV, G*T, D]
         y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
-        x = x + self._project(self.o_proj, y)
+        x = x + row_linear.project(self.o_proj, y, self.linear_path)
         h = self._norm(x, self.post_norm)
         if self.gate_up_quant is not None:
             gate_up = self.gate_up_quant(h)
         else:
             gate_up = row_linear.linear(h, self.gate_up_weight, None, self.linear_path)
         gate, up = gate_up.chunk(2, dim=-1)
-        return x + self._project(self.down_proj, F.silu(gate) * up)
-
-    def _project(self, module, x: Tensor) -> Tensor:
-        if self.linear_path is not None and type(module) is nn.Linear:
-            return row_linear.linear(x, module.weight, module.bias, self.linear_path)
-        return module(x)
+        return x + row_linear.project(self.down_proj, F.silu(gate) * up, self.linear_path)
 
     def _norm(self, x: Tensor, norm) -> Tensor:
         if x.dtype == torch.float32:

@@ -156,9 +156,7 @@ class FastLlama(nn.Module):
             if len(self.layers) in capture:
                 features.append(x[0])
             captured = torch.cat(features, dim=-1)  # [T, F*C]
-        if self.head_path is not None:
-            return row_linear.linear(x, self.lm_head.weight, self.lm_head.bias, self.head_path), captured
-        return self.lm_head(x), captured  # [1, T, V]
+        return row_linear.project(self.lm_head, x, self.head_path), captured  # [1, T, V]
 
     def attention(self, attn, x, kv_cache, slots, cos, sin, attn_mask, window: int) -> Tensor:
         _, T, _ = x.shape

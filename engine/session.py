@@ -74,6 +74,8 @@ class ChatEngine:
         self.extra_drafters: list[Drafter] = []
         # drafter "head": the head in this folder, or the one shipped for the target when None
         self.head_source: str | None = None
+        # the head's draft vocabulary N when not its own (a measurement of N; see head_drafter)
+        self.head_vocab: int | None = None
         self._head = None
         self.draft: LoadedModel | None = None
         self._model_drafter: ModelDrafter | None = None
@@ -394,10 +396,12 @@ class ChatEngine:
 
     def _head_drafter(self) -> Drafter:
         """The draft head, loaded on first use (IncompatibleDraftError when none fits the target)."""
-        if self._head is None or self._head[0] != self.head_source:
+        choice = (self.head_source, self.head_vocab)
+        if self._head is None or self._head[0] != choice:
             from engine.decoding.drafters.head import head_drafter
 
-            self._head = (self.head_source, head_drafter(self.target, self._runner, self.head_source))
+            drafter = head_drafter(self.target, self._runner, self.head_source, self.head_vocab)
+            self._head = (choice, drafter)
         return self._head[1]
 
     def _fitting_head(self) -> Drafter | None:

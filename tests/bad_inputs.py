@@ -157,6 +157,11 @@ CASES: list[Case] = [
         ("bench", "--limit", "1", "--json", "{ws.good_db}/r.json"),
         r"--json .* cannot be written",
     ),
+    Case(
+        "bench head vocabulary of zero",
+        ("bench", "--limit", "1", "--draft", "head", "--head-vocab", "0"),
+        r"--head-vocab must be 1 or more",
+    ),
 ]
 
 

@@ -270,6 +270,27 @@ def test_the_shipped_head_is_for_the_builtin_model_and_refused_by_any_other(buil
         load_head(folder, other.model)
 
 
+def test_a_head_narrowed_or_widened_keeps_its_scores_on_the_tokens_it_keeps(tiny):
+    """N is a measurement (bench --head-vocab): a prefix of the head's own vocabulary, or its own plus
+    the target's next ids, every one scored with the target's LM-head row."""
+    lm_head = tiny.model.get_output_embeddings().weight
+    out = torch.randn(tiny.model.config.hidden_size)
+    head = random_head(tiny.model, 64)
+    own, scores = head.draft_ids.clone(), head.logits(out)
+    head.widened(96, lm_head)
+    assert head.draft_ids.numel() == head.config.draft_vocab_size == 96
+    assert torch.equal(head.draft_ids[:64], own) and head.draft_ids.unique().numel() == 96
+    assert int(head.t2d.sum()) == 96
+    widened_scores = head.logits(out)
+    torch.testing.assert_close(widened_scores[:64], scores)
+    torch.testing.assert_close(widened_scores[64:], head.norm(out) @ lm_head[head.draft_ids[64:]].T)
+    head.truncated(32)
+    assert torch.equal(head.draft_ids, own[:32])
+    torch.testing.assert_close(head.logits(out), scores[:32])
+    whole = random_head(tiny.model, 64).widened(10**6, lm_head)
+    assert whole.config.draft_vocab_size == tiny.model.config.vocab_size
+
+
 @pytest.fixture(scope="module")
 def builtin_engine(builtin_model):
     from engine.session import ChatEngine

@@ -279,6 +279,7 @@ def decode_answer(tokenizer, token_ids: list[int]) -> str:
 def build_runners(
     methods: list[Method], target, draft, draft_kind: str, sampling, hf: HFSettings, max_k: int = 8,
     compiled: str = "auto", head_source: str | None = None, trees: bool = True,
+    head_vocab: int | None = None,
 ):  # fmt: skip
     """draft_kind: 'model', 'ngram', 'head' or 'none', what --draft asked for; head_source: the folder
     of `--draft head:DIR` (None: the shipped head)."""
@@ -305,7 +306,7 @@ def build_runners(
                 engine = ChatEngine(
                     target, draft if draft_kind == "model" else None, sampling=sampling, compiled=compiled
                 )
-                engine.head_source = head_source
+                engine.head_source, engine.head_vocab = head_source, head_vocab
                 engine.prepare()
             speculation = SpeculationSettings(
                 drafter=drafters[method.kind], k=method.k, max_k=max_k, trees=trees

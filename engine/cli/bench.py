@@ -33,6 +33,12 @@ def add_bench_parser(subparsers) -> None:
     )
     parser.add_argument("--max-k", type=int, default=8, help="largest K adaptive mode may choose")
     parser.add_argument(
+        "--head-vocab",
+        type=int,
+        help="the draft head's vocabulary N: a prefix of its own (most frequent first), or widened with "
+        "the target's rows up to N (default: the head's own)",
+    )
+    parser.add_argument(
         "--trees", choices=["on", "off"], default="on", help="token trees for the Tandem methods (default on)"
     )
     parser.add_argument(
@@ -142,6 +148,7 @@ def bench_config(args, prompts_path, prompts, methods, k_values, hf: HFSettings)
         "k": ["adaptive" if k is None else k for k in k_values],
         "max_k": args.max_k,
         "trees": args.trees,
+        "head_vocab": args.head_vocab,
         "methods": [m.name for m in methods],
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -232,6 +239,8 @@ def run_bench(args) -> int:
         lookup_tokens=args.hf_lookup_tokens,
     )
     hf.validate()
+    if args.head_vocab is not None and args.head_vocab < 1:
+        raise SettingsError(f"--head-vocab must be 1 or more, not {args.head_vocab}.")
     if args.warmup < 0:
         raise SettingsError(f"--warmup must be 0 or more, not {args.warmup}.")
 
@@ -247,6 +256,7 @@ def run_bench(args) -> int:
         trees=args.trees == "on",
         compiled=args.compiled,
         head_source=head_source(args.draft),
+        head_vocab=args.head_vocab,
     )
     total = len(runners) * (args.warmup + len(prompts))
     with tqdm(total=total, file=sys.stderr, unit="run", leave=False) as bar:

@@ -174,6 +174,28 @@ class DraftHead(nn.Module):
         self.config.draft_vocab_size = size
         return self
 
+    def widened(self, size: int, target_lm_head: Tensor) -> DraftHead:
+        """The same head over `size` draft tokens: its own, then the target ids it lacks in id order
+        (a BPE tokenizer's ids follow its merges, roughly most frequent first), with the target's LM
+        head rows, which is what this head's rows are. Only for heads that borrow the target's rows."""
+        if size <= self.config.draft_vocab_size:
+            return self
+        if self.config.own_lm_head:
+            raise IncompatibleDraftError("This draft head has its own LM head: its vocabulary cannot be widened.")
+        own = self.draft_ids.cpu()
+        lacking = torch.ones(target_lm_head.size(0), dtype=torch.bool)
+        lacking[own] = False
+        extra = lacking.nonzero().flatten()[: size - own.numel()]
+        draft_ids = torch.cat([own, extra])
+        rows = target_lm_head.detach()[draft_ids.to(target_lm_head.device)]
+        weight = self.lm_head.weight
+        with torch.no_grad():
+            self.lm_head.weight = nn.Parameter(rows.to(weight.device, weight.dtype), requires_grad=False)
+            self.d2t = torch.zeros(draft_ids.numel(), dtype=torch.long, device=self.d2t.device)
+        self.set_vocabulary(draft_ids)
+        self.config.draft_vocab_size = draft_ids.numel()
+        return self
+
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions: [..., T] -> cos, sin: [..., T, D]."""
         if self.inv_freq.device != positions.device:

@@ -209,14 +209,17 @@ class HeadDrafter(Drafter):
 
 def head_drafter(target, runner, source=None, draft_vocab: int | None = None) -> HeadDrafter:
     """A HeadDrafter for `target` (a LoadedModel) on its runner: the head in folder `source`, or the
-    one Tandem ships for this target. `draft_vocab` keeps only the N most frequent draft tokens."""
+    one Tandem ships for this target. `draft_vocab` keeps only the N most frequent draft tokens, or
+    widens the vocabulary to N with the target's own rows (DraftHead.widened)."""
     from engine.models.head import find_head, load_head
     from engine.runtime import row_linear
 
     folder = find_head(target, source)
     head = load_head(folder, target.model, device=runner.device)
-    if draft_vocab:
+    if draft_vocab and draft_vocab < head.config.draft_vocab_size:
         head = head.truncated(draft_vocab)
+    elif draft_vocab:
+        head = head.widened(draft_vocab, target.model.get_output_embeddings().weight)
     row_linear.use_in(head)
     name = "head" if source is None else f"head:{folder.name}"
     return HeadDrafter(

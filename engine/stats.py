@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 # plain steps a reply needs before its own figure replaces the calibration as the baseline
 MIN_PLAIN_STEPS = 8
@@ -144,4 +144,10 @@ class GenerationStats:
         return data
 
     def copy(self) -> GenerationStats:
-        return GenerationStats(**asdict(self))
+        """An independent copy. Sent after every round, so not asdict's deep copy: that walks every list
+        element and made each round cost more than the last (1.3 ms a token at 128 tokens)."""
+        values = {}
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            values[spec.name] = value.copy() if isinstance(value, list | dict) else value  # flat: ints, strs
+        return GenerationStats(**values)

@@ -37,8 +37,10 @@ CALIBRATION_TOKENS = 64
 # every verify size adaptive K uses at the default max K (1 + K for K = 0..8), then two larger ones
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17)
 STORED_CURVE_TOLERANCE = 1.5  # a stored curve whose single step is off by more than this is rescaled
-STORED_SHAPE_TOLERANCE = 1.3  # and one whose t(4) / t(1) is off by more than this (twice) is measured again
-CHECK_SIZES = (1, 4)
+# and one whose t(2) / t(1) or t(4) / t(1) is off by more than this (twice) is measured again: a stored
+# t(2) of 1.07 steps where it now costs 1.3 has adaptive K draft rounds that lose
+STORED_SHAPE_TOLERANCE = 1.15
+CHECK_SIZES = (1, 2, 4)
 CHECK_REPEATS = 5
 SHAPE_JITTER_S = 0.002
 # tokens of the prompt before a reply that go into the suffix index with it
@@ -201,9 +203,10 @@ class ChatEngine:
                 ratio = now[1] / stored[1]
                 if not self._shape_agrees(stored, now):
                     stored = None
-                elif not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
+                else:
                     stored = {n: t * ratio for n, t in stored.items()}
-                    calibration.save(key, stored)
+                    if not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
+                        calibration.save(key, stored)
             if stored is not None:
                 self._verify_curve = VerifyCostCurve()
                 self._verify_curve.seconds = stored
@@ -218,16 +221,18 @@ class ChatEngine:
 
     @staticmethod
     def _shape_agrees(stored: dict[int, float], now: dict[int, float]) -> bool:
-        """Whether t(4) now is what the stored curve's t(4) / t(1) predicts from t(1) now: within
-        STORED_SHAPE_TOLERANCE, or within SHAPE_JITTER_S (a small model's forwards take a millisecond,
-        and a scheduler's jitter alone bends their ratio)."""
-        check = CHECK_SIZES[-1]
-        if check not in now or check not in stored:
-            return True
-        expected = stored[check] / stored[1] * now[1]
-        shape = now[check] / expected
-        within = 1 / STORED_SHAPE_TOLERANCE <= shape <= STORED_SHAPE_TOLERANCE
-        return within or abs(now[check] - expected) <= SHAPE_JITTER_S
+        """Whether t(n) now, for each checked size n > 1, is what the stored curve's t(n) / t(1) predicts
+        from t(1) now: within STORED_SHAPE_TOLERANCE, or within SHAPE_JITTER_S (a small model's forwards
+        take a millisecond, and a scheduler's jitter alone bends their ratio)."""
+        for check in CHECK_SIZES[1:]:
+            if check not in now or check not in stored:
+                continue
+            expected = stored[check] / stored[1] * now[1]
+            shape = now[check] / expected
+            within = 1 / STORED_SHAPE_TOLERANCE <= shape <= STORED_SHAPE_TOLERANCE
+            if not (within or abs(now[check] - expected) <= SHAPE_JITTER_S):
+                return False
+        return True
 
     def _measure(self, runner, sizes, repeats: int = 3) -> dict[int, float]:
         """Seconds per forward over n new tokens after a short prompt, for n in `sizes`; the cache is emptied."""

@@ -114,3 +114,14 @@ def test_a_stored_curve_of_the_wrong_shape_is_measured_again(cache_file, target)
     again = calibration.load(key, cache_file)
     assert again[4] / again[1] < 0.5 * dear[4] / dear[1]
     assert stages_of(ChatEngine(target)) == []  # the new curve passes the check
+
+
+def test_the_start_up_check_judges_two_token_verifies_too():
+    """Seen on a 2-core CPU: a curve stored under load held t(2) = 1.07 single steps; quiet, a two-token
+    verify cost 1.39, and the draft head, which mostly drafts one token, drafted rounds that lost."""
+    stored = {1: 0.0189, 2: 0.0203, 4: 0.0245}
+    assert ChatEngine._shape_agrees(stored, {1: 0.0151, 2: 0.0162, 4: 0.0196})  # the same shape, faster
+    assert not ChatEngine._shape_agrees(stored, {1: 0.0151, 2: 0.0210, 4: 0.0196})  # t(2) now dear
+    assert not ChatEngine._shape_agrees(stored, {1: 0.0151, 2: 0.0162, 4: 0.0255})  # t(4) now dear
+    small = {1: 0.0010, 2: 0.0011, 4: 0.0012}  # a small model: a millisecond of jitter is no shape
+    assert ChatEngine._shape_agrees(small, {1: 0.0010, 2: 0.0016, 4: 0.0012})

@@ -390,3 +390,21 @@ def test_acceptance_follows_a_prompt_where_the_draft_is_suddenly_poor():
         return emitted / seconds  # plain decoding: 1 token per true_verify(1) = 1 s
 
     assert sum(poor_reply_rate(seed) for seed in range(8)) / 8 >= 0.93
+
+
+def test_a_drafter_whose_later_tokens_are_no_likelier_starts_with_shorter_drafts():
+    """A lookup match that was right once is usually right again (prior 0.8 after an accepted token);
+    a draft head's second token is about as likely as its first. A drafter says so through its
+    acceptance_prior, and adaptive K starts from it."""
+    from engine.decoding.speculative import acceptance_for
+
+    class HeadLike(Drafter):
+        acceptance_prior = (0.5, 0.44)
+
+    curve = curve_of({1: 0.015, 2: 0.017, 3: 0.019, 5: 0.022, 9: 0.032})
+    lookup_like = KController(SpeculationSettings(), curve, acceptance=acceptance_for(Drafter()))
+    head_like = KController(SpeculationSettings(), curve, acceptance=acceptance_for(HeadLike()))
+    for k in (lookup_like, head_like):
+        k.optimism = 0.0
+        k.observe(2, drafted=2, accepted=1, draft_s=0.002, verify_s=0.019, verify_size=3)
+    assert 1 <= head_like.choose(limit=100) < lookup_like.choose(limit=100)

@@ -313,6 +313,8 @@ def test_greedy_output_with_the_shipped_head_is_the_targets(builtin_engine, ques
     with_head = engine.respond(messages)
     assert with_head.token_ids == alone.token_ids
     assert with_head.stats.drafter == "head"
+    training = json.loads((shipped_head_folder(engine.target.name) / "config.json").read_text())["training"]
+    assert engine._head_drafter().acceptance_prior == tuple(training["final_top1_by_step"][:2])
     assert with_head.stats.accepted > 0, "the trained head never drafted a token the target kept"
 
 

@@ -43,8 +43,10 @@ class AcceptanceModel:
         prior: float = PRIOR_ACCEPTANCE,
         prior_weight: float = PRIOR_WEIGHT,
         decay: float = 0.97,  # a memory of about 33 rounds: a poor prompt stops drafting within its reply
+        prior_after_accept: float = PRIOR_AFTER_ACCEPT,
     ):
         self.positions, self.prior, self.prior_weight, self.decay = positions, prior, prior_weight, decay
+        self.prior_after_accept = prior_after_accept
         self._all = _Counts(positions)
         self._by_condition: dict[Hashable, _Counts] = {}
         self._inherited_rate: float | None = None  # p_0 at the start of this reply, while it is trusted
@@ -119,7 +121,7 @@ class AcceptanceModel:
         for accepted, decided in zip(self._all.accepted, self._all.decided, strict=True):
             estimate = (accepted + prior * self.prior_weight) / (decided + self.prior_weight)
             pooled.append(estimate)
-            prior = max(PRIOR_AFTER_ACCEPT, estimate)
+            prior = max(self.prior_after_accept, estimate)
         counts = self._by_condition.get(condition) if condition is not None else None
         if counts is None:
             return list(zip(pooled, self._all.decided, strict=True))

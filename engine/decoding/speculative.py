@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.decoding.acceptance import AcceptanceModel
 from engine.decoding.adaptive import DraftPlanner, KController, Plan, VerifyCostCurve
 from engine.decoding.detok import IncrementalDetokenizer
 from engine.decoding.drafters import AutoDrafter, Cancelled, Drafter, NoDrafter, empty_draft
@@ -155,7 +156,18 @@ def speculative_round(
 def planner_for(drafter: Drafter, speculation: SpeculationSettings, curve: VerifyCostCurve) -> DraftPlanner:
     """One controller per drafter; an AutoDrafter's members compete round by round."""
     members = drafter.members if isinstance(drafter, AutoDrafter) else [drafter]
-    return DraftPlanner([(member, KController(speculation, curve)) for member in members], curve)
+    return DraftPlanner(
+        [(member, KController(speculation, curve, acceptance=acceptance_for(member))) for member in members],
+        curve,
+    )
+
+
+def acceptance_for(drafter: Drafter) -> AcceptanceModel:
+    """The acceptance model adaptive K starts from: the drafter's own prior where it knows one."""
+    if drafter.acceptance_prior is None:
+        return AcceptanceModel()
+    first, after_accept = drafter.acceptance_prior
+    return AcceptanceModel(prior=first, prior_after_accept=after_accept)
 
 
 PREFILL_CHUNK = 512  # prompt tokens per target forward; cancelling is checked between chunks

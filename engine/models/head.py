@@ -181,7 +181,9 @@ class DraftHead(nn.Module):
         if size <= self.config.draft_vocab_size:
             return self
         if self.config.own_lm_head:
-            raise IncompatibleDraftError("This draft head has its own LM head: its vocabulary cannot be widened.")
+            raise IncompatibleDraftError(
+                "This draft head has its own LM head: its vocabulary cannot be widened."
+            )
         own = self.draft_ids.cpu()
         lacking = torch.ones(target_lm_head.size(0), dtype=torch.bool)
         lacking[own] = False

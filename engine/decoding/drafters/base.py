@@ -50,6 +50,10 @@ class Drafter:
     noise = None
     # indices of the target's hidden states this drafter reads (see observe_target); empty: none
     wants_hidden: tuple[int, ...] = ()
+    # what adaptive K assumes before it has measured this drafter: acceptance of the first draft token,
+    # and of each later one once the one before was kept (None: AcceptanceModel's defaults, which suit
+    # lookup drafters, right for many tokens or wrong at the first)
+    acceptance_prior: tuple[float, float] | None = None
 
     def begin(
         self, sampling: SamplingSettings, generator: torch.Generator | None, cancel=None, p_min=0.0

@@ -38,6 +38,7 @@ class HeadDrafter(Drafter):
         self.target_vocab_size = target_vocab_size
         self.name = name
         self.wants_hidden = tuple(head.config.target_layers)  # what the target's runner must capture
+        self.acceptance_prior = acceptance_prior(head.config.training)
         self.draft_ids = head.draft_ids  # [N] target id of each draft token
         weight = head.fc.weight
         config = head.config
@@ -205,6 +206,17 @@ class HeadDrafter(Drafter):
     def _check_cancel(self) -> None:
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled
+
+
+def acceptance_prior(training: dict) -> tuple[float, float] | None:
+    """What adaptive K assumes of a head before measuring it: its top-1 agreement with the target at
+    the first and second chained step, as its training measured them. A head's second token is about
+    as likely as its first (0.44 against 0.50 for the shipped one), where a lookup match that was right
+    once is usually right again; starting from the lookup prior, K went to 4 on every new reply."""
+    steps = [float(p) for p in training.get("final_top1_by_step") or [] if 0.0 < float(p) < 1.0]
+    if not steps:
+        return None
+    return steps[0], steps[1] if len(steps) > 1 else steps[0]
 
 
 def head_drafter(target, runner, source=None, draft_vocab: int | None = None) -> HeadDrafter:

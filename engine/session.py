@@ -13,7 +13,7 @@ import threading
 import traceback
 from collections.abc import Callable
 
-from engine.decoding.adaptive import DraftPlanner, VerifyCostCurve
+from engine.decoding.adaptive import DraftPlanner
 from engine.decoding.drafters import (
     AutoDrafter,
     Drafter,
@@ -24,6 +24,7 @@ from engine.decoding.drafters import (
     common_prefix_length,
 )
 from engine.decoding.speculative import generate, planner_for
+from engine.decoding.verify_cost import VerifyCostCurve
 from engine.errors import ContextOverflowError
 from engine.events import Event, Failed, Finished
 from engine.models.chat_template import chat_prompt_ids
@@ -36,15 +37,12 @@ from engine.stats import GenerationStats
 CALIBRATION_TOKENS = 64
 # every verify size adaptive K uses at the default max K (1 + K for K = 0..8), then two larger ones
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17)
-STORED_CURVE_TOLERANCE = 1.5  # a stored curve whose single step is off by more than this is rescaled
-# and one whose t(2) / t(1) or t(4) / t(1) is off by more than this (twice) is measured again: a stored
-# t(2) of 1.07 steps where it now costs 1.3 has adaptive K draft rounds that lose
-STORED_SHAPE_TOLERANCE = 1.15
+STORED_CURVE_TOLERANCE = 1.5  # a stored curve whose single step is off by more than this is saved rescaled
+STORED_SHAPE_TOLERANCE = 1.15  # and one whose t(2)/t(1) or t(4)/t(1) is off by more (twice) is measured again
 CHECK_SIZES = (1, 2, 4)
 CHECK_REPEATS = 5
 SHAPE_JITTER_S = 0.002
-# tokens of the prompt before a reply that go into the suffix index with it
-SUFFIX_HISTORY_LEAD = 8
+SUFFIX_HISTORY_LEAD = 8  # tokens of the prompt before a reply that go into the suffix index with it
 # Verify forwards of K+1 tokens compiled ahead when compilation is on; other sizes run eagerly.
 COMPILED_VERIFY_SIZES = (2, 3, 5)
 
@@ -74,9 +72,9 @@ class ChatEngine:
         self._suffix = SuffixDrafter(self._runner.vocab_size, self._runner.device)
         # more drafters for `auto` to choose among (a draft head, ...); any Drafter
         self.extra_drafters: list[Drafter] = []
-        # drafter "head": the head in this folder, or the one shipped for the target when None
+        # drafter "head": the head in this folder (None: the one shipped for the target), over
+        # head_vocab draft tokens (None: its own; another N is a measurement, see head_drafter)
         self.head_source: str | None = None
-        # the head's draft vocabulary N when not its own (a measurement of N; see head_drafter)
         self.head_vocab: int | None = None
         self._head = None
         self.draft: LoadedModel | None = None
@@ -401,12 +399,11 @@ class ChatEngine:
 
     def _head_drafter(self) -> Drafter:
         """The draft head, loaded on first use (IncompatibleDraftError when none fits the target)."""
+        from engine.decoding.drafters.head import head_drafter
+
         choice = (self.head_source, self.head_vocab)
         if self._head is None or self._head[0] != choice:
-            from engine.decoding.drafters.head import head_drafter
-
-            drafter = head_drafter(self.target, self._runner, self.head_source, self.head_vocab)
-            self._head = (choice, drafter)
+            self._head = (choice, head_drafter(self.target, self._runner, *choice))
         return self._head[1]
 
     def _fitting_head(self) -> Drafter | None:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import pytest
 
 from engine.decoding.acceptance import AcceptanceModel
-from engine.decoding.adaptive import DraftPlanner, KController, VerifyCostCurve, expected_tokens
+from engine.decoding.adaptive import DraftPlanner, KController, expected_tokens
 from engine.decoding.drafters import Drafter, Lookahead
+from engine.decoding.verify_cost import VerifyCostCurve
 from engine.settings import SpeculationSettings
 
 
@@ -261,6 +262,7 @@ class SimulatedRound:
     verify_s: float
     catch_up_s: float
     verify_size: int
+    tree_nodes: int = 0
 
 
 def text_conditions(rng, drafter, length, mean_run=24):
@@ -408,3 +410,18 @@ def test_a_drafter_whose_later_tokens_are_no_likelier_starts_with_shorter_drafts
         k.optimism = 0.0
         k.observe(2, drafted=2, accepted=1, draft_s=0.002, verify_s=0.019, verify_size=3)
     assert 1 <= head_like.choose(limit=100) < lookup_like.choose(limit=100)
+
+
+def test_a_tree_gets_room_only_where_every_size_up_to_it_is_cheap_as_a_tree():
+    """A curve stored under load priced sizes 1-5 alike; t(2) and t(3) were then observed dearer, t(4)
+    and t(5) never were. Trees granted room up to 5 held three nodes, and verified at the price of a
+    size-3 tree: the room stops where a size is dear, and tree verifies are priced as trees."""
+    curve = curve_of({1: 0.020, 2: 0.020, 3: 0.020, 4: 0.020, 5: 0.020})
+    assert curve.widest_at_cost(2, limit=32) == 5
+    curve.seconds.update({2: 0.022, 3: 0.027})  # chains of 2 and 3, as measured since
+    assert curve.widest_at_cost(2, limit=32) == 2
+    curve = curve_of({1: 0.020, 2: 0.020, 3: 0.020, 4: 0.020})
+    k = KController(SpeculationSettings(), curve)
+    k.observe(1, drafted=1, accepted=0, draft_s=0.002, verify_s=0.030, verify_size=3, tree=True)
+    assert curve.seconds[3] == 0.020  # the chain's figure is not the tree's
+    assert curve.widest_at_cost(2, limit=32) == 2  # a three-node tree costs 1.5 chains of two

@@ -6,10 +6,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine.decoding.adaptive import DraftPlanner, KController, VerifyCostCurve
+from engine.decoding.adaptive import DraftPlanner, KController
 from engine.decoding.drafters import NgramDrafter, SuffixDrafter
 from engine.decoding.speculative import generate
 from engine.decoding.tree import DraftTree, verify_tree, walk
+from engine.decoding.verify_cost import VerifyCostCurve
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner
 from engine.settings import SamplingSettings, SpeculationSettings

@@ -4,156 +4,20 @@ A round that drafts K tokens emits on average E(K) tokens (accepted drafts + one
 from the drafter's measured per-position acceptance (engine.decoding.acceptance), and costs
 K * t_draft + t_verify(K+1): K draft steps, then one target forward over the last token and the K
 drafts. Plain decoding emits 1 token per t_verify(1). We pick the K in 0..max_k with the best
-tokens per second, or no draft. t_verify(n) is not flat (on a CPU in eager mode a forward over 5
-new tokens costs about 2.4 single steps) and not always monotone, so it is a measured curve.
+tokens per second, or no draft. t_verify(n) is a measured curve (engine.decoding.verify_cost).
 """
 
 from __future__ import annotations
 
-import time
-from bisect import bisect_left
 from collections.abc import Hashable
 from dataclasses import dataclass
 
 from engine.decoding.acceptance import AcceptanceModel
 from engine.decoding.drafters.base import Drafter, Lookahead
+from engine.decoding.verify_cost import VerifyCostCurve
 from engine.settings import SpeculationSettings
 
-# Before two sizes are measured, assume each extra token verified adds this fraction of a single step.
-PRIOR_COST_PER_EXTRA_TOKEN = 0.35
 MAX_TREE_SIZE = 32  # tokens in one tree verify forward, however flat the cost curve
-
-
-class VerifyCostCurve:
-    """t(n): seconds for one target forward over n new tokens (warm cache), as a running average per n.
-
-    Sizes never measured are interpolated linearly between measured neighbours, or extrapolated from
-    the two largest. `measure` fills it directly; a compiled runner can call it again after compiling.
-
-    On many machines t(n) is not monotone (a kernel that suits 8 rows better than 6). Where a larger
-    measured size is cheaper, the loop pads the verify forward up to it (`padded_size`), and
-    `estimate` prices n at that size, so the price is what the loop really pays.
-
-    Every observation moves its own size's figure. Re-calibration of the whole curve is judged from
-    single steps alone (the target alone's own forward, and the most frequent one): when they stay off
-    their reference by more than DRIFT_LIMIT (another program started, thermal throttling, a longer
-    context), every other size is rescaled by the measured ratio too. A larger size that measures off
-    on its own says its figure was wrong, not the machine: rescaling t(1) with it would make plain
-    decoding look slower than it is, and drafting that loses look like a gain.
-    """
-
-    DRIFT_LIMIT = 1.25
-    DRIFT_ROUNDS = 8  # observations before a drift is trusted
-    PAD_GAIN = 0.95  # pad only to a size measured at least 5 % cheaper
-
-    def __init__(self, decay: float = 0.8):
-        self.decay = decay
-        self.seconds: dict[int, float] = {}
-        self.recalibrations = 0
-        # what drift is judged against: the first single-step figure, rescaled at each re-calibration
-        self._reference: dict[int, float] = {}
-        self._drift, self._drift_rounds = 1.0, 0
-
-    def observe(self, n: int, seconds: float) -> None:
-        old = self.seconds.get(n)
-        if old is None:
-            self.seconds[n] = seconds
-            return
-        self.seconds[n] = self.decay * old + (1 - self.decay) * seconds
-        if n != 1:
-            return
-        reference = self._reference.setdefault(1, old)
-        self._drift = 0.8 * self._drift + 0.2 * (seconds / reference)
-        self._drift_rounds += 1
-        drifted = self._drift > self.DRIFT_LIMIT or self._drift < 1 / self.DRIFT_LIMIT
-        if drifted and self._drift_rounds >= self.DRIFT_ROUNDS:
-            self._reference[1] = reference * self._drift
-            for m in self.seconds:
-                if m != 1:
-                    self.seconds[m] *= self._drift
-            self.recalibrations += 1
-            self._drift, self._drift_rounds = 1.0, 0
-
-    def replace(self, seconds: dict[int, float]) -> None:
-        """A new measured curve (the runner changed, say from eager to compiled): its figures, and
-        drift judged from them."""
-        self.seconds = dict(seconds)
-        self._reference = {}
-        self._drift, self._drift_rounds = 1.0, 0
-
-    def padded_size(self, n: int, limit: int | None = None) -> int:
-        """The size to run a verify of n tokens at: n, or a larger measured size (at most `limit`)
-        that costs less."""
-        raw = self._bounded(n)
-        if raw is None:
-            return n
-        larger = [m for m in self.seconds if m > n and (limit is None or m <= limit)]
-        cheaper = [m for m in larger if self.seconds[m] < self.PAD_GAIN * raw]
-        return min(cheaper, key=lambda m: (self.seconds[m], m)) if cheaper else n
-
-    def widest_at_cost(self, n: int, limit: int, slack: float = 0.03) -> int:
-        """The largest measured size up to `limit` whose forward costs at most (1 + slack) times the
-        cheapest way to verify n tokens: how wide a token tree may grow for free."""
-        price = self.estimate(n)
-        if price is None:
-            return n
-        free = [m for m in self.seconds if n < m <= limit and self.seconds[m] <= (1 + slack) * price]
-        return max(free, default=n)
-
-    def estimate(self, n: int) -> float | None:
-        """t(n), kept physically sane so that one noisy measurement cannot mislead adaptive K: never
-        below one single step nor above n of them, and priced at the padded size where that is cheaper."""
-        raw = self._bounded(n)
-        if raw is None:
-            return None
-        padded = self.padded_size(n)
-        return raw if padded == n else self.seconds[padded]
-
-    def _bounded(self, n: int) -> float | None:
-        estimate = self._interpolate(n)
-        single = self.seconds.get(1)
-        if estimate is not None and single is not None:
-            estimate = min(max(estimate, single), n * single)
-        return estimate
-
-    def _interpolate(self, n: int) -> float | None:
-        if n in self.seconds:
-            return self.seconds[n]
-        sizes = sorted(self.seconds)
-        if not sizes:
-            return None
-        if len(sizes) == 1 or n < sizes[0]:
-            nearest = min(sizes, key=lambda m: abs(m - n))
-            return self.seconds[nearest] * prior_shape(n) / prior_shape(nearest)
-        i = bisect_left(sizes, n)
-        lo, hi = (sizes[-2], sizes[-1]) if i == len(sizes) else (sizes[i - 1], sizes[i])
-        slope = max((self.seconds[hi] - self.seconds[lo]) / (hi - lo), 0.0)
-        return self.seconds[lo] + slope * (n - lo)
-
-    def measure(self, runner, sizes=(1, 2, 4, 8), repeats: int = 3) -> VerifyCostCurve:
-        """Times forwards over n new tokens on `runner` (its cache must hold some context), then rolls back."""
-        length = runner.cache_length
-        for n in sizes:
-            if length + n > runner.context_length:
-                break
-            times = []
-            for _ in range(repeats + 1):  # the first run warms up this shape
-                start = time.perf_counter()
-                runner.forward([0] * n)
-                runner.synchronize()
-                times.append(time.perf_counter() - start)
-                runner.rollback(length)
-            # the fastest run: other load on the machine only ever adds time
-            self.seconds[n] = min(times[1:])
-        return self
-
-    def to_dict(self) -> dict[int, float]:
-        return dict(sorted(self.seconds.items()))
-
-
-def prior_shape(n: int) -> float:
-    """Cost of a forward over n tokens in single steps, before measurements say otherwise."""
-    return 1.0 + PRIOR_COST_PER_EXTRA_TOKEN * (n - 1)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -272,10 +136,15 @@ class KController:
         verify_s: float,
         condition=None,
         verify_size: int | None = None,
+        tree: bool = False,
     ) -> None:
         """One round: `drafted` tokens proposed (<= k), `accepted` kept; times in seconds;
-        `verify_size`: tokens the verify forward really ran (drafted + 1 unless padded)."""
-        self.curve.observe(verify_size or drafted + 1, verify_s)
+        `verify_size`: tokens the verify forward really ran (drafted + 1 unless padded);
+        `tree`: the verify was a token tree (its time goes to the tree prices, not the chain curve)."""
+        if tree:
+            self.curve.observe_tree(verify_size or drafted + 1, verify_s)
+        else:
+            self.curve.observe(verify_size or drafted + 1, verify_s)
         if drafted == 0:
             return
         if self._probing:
@@ -367,7 +236,7 @@ class DraftPlanner:
             return
         plan.controller.observe(
             plan.k, result.drafted, result.num_accepted, result.draft_s - result.catch_up_s,
-            result.verify_s, plan.condition, result.verify_size,
+            result.verify_s, plan.condition, result.verify_size, tree=result.tree_nodes > 0,
         )  # fmt: skip
 
     def note(self) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.decoding.acceptance import AcceptanceModel
-from engine.decoding.adaptive import DraftPlanner, KController, Plan, VerifyCostCurve
+from engine.decoding.adaptive import DraftPlanner, KController, Plan
 from engine.decoding.detok import IncrementalDetokenizer
 from engine.decoding.drafters import AutoDrafter, Cancelled, Drafter, NoDrafter, empty_draft
 from engine.decoding.sampling import (
@@ -32,6 +32,7 @@ from engine.decoding.sampling import (
 )
 from engine.decoding.stop import StopMatcher
 from engine.decoding.tree import verify_tree
+from engine.decoding.verify_cost import VerifyCostCurve
 from engine.events import Event, Finished, RoundStats, TextPiece, TokenSpan
 from engine.runtime.eager import ModelRunner
 from engine.settings import SamplingSettings, SpeculationSettings

@@ -1,0 +1,162 @@
+"""t_verify(n): what one target forward over n new tokens costs on this device, measured.
+
+It is not flat (on a CPU in eager mode a forward over 5 new tokens costs about 2.4 single steps) and
+not always monotone, so adaptive K (engine.decoding.adaptive) works from this measured curve.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+
+# Before two sizes are measured, assume each extra token verified adds this fraction of a single step.
+PRIOR_COST_PER_EXTRA_TOKEN = 0.35
+
+
+class VerifyCostCurve:
+    """t(n): seconds for one target forward over n new tokens (warm cache), as a running average per n.
+
+    Sizes never measured are interpolated linearly between measured neighbours, or extrapolated from
+    the two largest. `measure` fills it directly; a compiled runner can call it again after compiling.
+
+    On many machines t(n) is not monotone (a kernel that suits 8 rows better than 6). Where a larger
+    measured size is cheaper, the loop pads the verify forward up to it (`padded_size`), and
+    `estimate` prices n at that size, so the price is what the loop really pays.
+
+    Every observation moves its own size's figure. Re-calibration of the whole curve is judged from
+    single steps alone (the target alone's own forward, and the most frequent one): when they stay off
+    their reference by more than DRIFT_LIMIT (another program started, thermal throttling, a longer
+    context), every other size is rescaled by the measured ratio too. A larger size that measures off
+    on its own says its figure was wrong, not the machine: rescaling t(1) with it would make plain
+    decoding look slower than it is, and drafting that loses look like a gain.
+    """
+
+    DRIFT_LIMIT = 1.25
+    DRIFT_ROUNDS = 8  # observations before a drift is trusted
+    PAD_GAIN = 0.95  # pad only to a size measured at least 5 % cheaper
+
+    def __init__(self, decay: float = 0.8):
+        self.decay = decay
+        self.seconds: dict[int, float] = {}
+        # token-tree verifies, by size: their own path (a tree mask; on a compiled CPU runner, the
+        # uncompiled forward) can cost more than a chain of the same size, so they are priced apart
+        self.tree_seconds: dict[int, float] = {}
+        self.recalibrations = 0
+        # what drift is judged against: the first single-step figure, rescaled at each re-calibration
+        self._reference: dict[int, float] = {}
+        self._drift, self._drift_rounds = 1.0, 0
+
+    def observe(self, n: int, seconds: float) -> None:
+        old = self.seconds.get(n)
+        if old is None:
+            self.seconds[n] = seconds
+            return
+        self.seconds[n] = self.decay * old + (1 - self.decay) * seconds
+        if n != 1:
+            return
+        reference = self._reference.setdefault(1, old)
+        self._drift = 0.8 * self._drift + 0.2 * (seconds / reference)
+        self._drift_rounds += 1
+        drifted = self._drift > self.DRIFT_LIMIT or self._drift < 1 / self.DRIFT_LIMIT
+        if drifted and self._drift_rounds >= self.DRIFT_ROUNDS:
+            self._reference[1] = reference * self._drift
+            for m in self.seconds:
+                if m != 1:
+                    self.seconds[m] *= self._drift
+            self.recalibrations += 1
+            self._drift, self._drift_rounds = 1.0, 0
+
+    def observe_tree(self, n: int, seconds: float) -> None:
+        old = self.tree_seconds.get(n)
+        self.tree_seconds[n] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+
+    def replace(self, seconds: dict[int, float]) -> None:
+        """A new measured curve (the runner changed, say from eager to compiled): its figures, and
+        drift judged from them."""
+        self.seconds = dict(seconds)
+        self.tree_seconds = {}
+        self._reference = {}
+        self._drift, self._drift_rounds = 1.0, 0
+
+    def padded_size(self, n: int, limit: int | None = None) -> int:
+        """The size to run a verify of n tokens at: n, or a larger measured size (at most `limit`)
+        that costs less."""
+        raw = self._bounded(n)
+        if raw is None:
+            return n
+        larger = [m for m in self.seconds if m > n and (limit is None or m <= limit)]
+        cheaper = [m for m in larger if self.seconds[m] < self.PAD_GAIN * raw]
+        return min(cheaper, key=lambda m: (self.seconds[m], m)) if cheaper else n
+
+    def widest_at_cost(self, n: int, limit: int, slack: float = 0.03) -> int:
+        """How wide a token tree may grow for free: the largest size m up to `limit` such that a tree
+        of every size from n + 1 to m costs at most (1 + slack) times the cheapest way to verify n
+        tokens. Every size up to m, because a tree granted room for m may hold fewer nodes; priced as
+        a tree where tree verifies were timed, else at the chain's figure. (Granting by the largest
+        cheap size alone, a stale t(5) kept buying three-node trees whose own verify cost 1.3 chains.)"""
+        price = self.estimate(n)
+        if price is None:
+            return n
+        widest = n
+        for m in sorted(set(self.seconds) | set(self.tree_seconds)):  # measured sizes only
+            if m <= n:
+                continue
+            if m > limit or self.tree_seconds.get(m, self.seconds.get(m)) > (1 + slack) * price:
+                break
+            widest = m
+        return widest
+
+    def estimate(self, n: int) -> float | None:
+        """t(n), kept physically sane so that one noisy measurement cannot mislead adaptive K: never
+        below one single step nor above n of them, and priced at the padded size where that is cheaper."""
+        raw = self._bounded(n)
+        if raw is None:
+            return None
+        padded = self.padded_size(n)
+        return raw if padded == n else self.seconds[padded]
+
+    def _bounded(self, n: int) -> float | None:
+        estimate = self._interpolate(n)
+        single = self.seconds.get(1)
+        if estimate is not None and single is not None:
+            estimate = min(max(estimate, single), n * single)
+        return estimate
+
+    def _interpolate(self, n: int) -> float | None:
+        if n in self.seconds:
+            return self.seconds[n]
+        sizes = sorted(self.seconds)
+        if not sizes:
+            return None
+        if len(sizes) == 1 or n < sizes[0]:
+            nearest = min(sizes, key=lambda m: abs(m - n))
+            return self.seconds[nearest] * prior_shape(n) / prior_shape(nearest)
+        i = bisect_left(sizes, n)
+        lo, hi = (sizes[-2], sizes[-1]) if i == len(sizes) else (sizes[i - 1], sizes[i])
+        slope = max((self.seconds[hi] - self.seconds[lo]) / (hi - lo), 0.0)
+        return self.seconds[lo] + slope * (n - lo)
+
+    def measure(self, runner, sizes=(1, 2, 4, 8), repeats: int = 3) -> VerifyCostCurve:
+        """Times forwards over n new tokens on `runner` (its cache must hold some context), then rolls back."""
+        length = runner.cache_length
+        for n in sizes:
+            if length + n > runner.context_length:
+                break
+            times = []
+            for _ in range(repeats + 1):  # the first run warms up this shape
+                start = time.perf_counter()
+                runner.forward([0] * n)
+                runner.synchronize()
+                times.append(time.perf_counter() - start)
+                runner.rollback(length)
+            # the fastest run: other load on the machine only ever adds time
+            self.seconds[n] = min(times[1:])
+        return self
+
+    def to_dict(self) -> dict[int, float]:
+        return dict(sorted(self.seconds.items()))
+
+
+def prior_shape(n: int) -> float:
+    """Cost of a forward over n tokens in single steps, before measurements say otherwise."""
+    return 1.0 + PRIOR_COST_PER_EXTRA_TOKEN * (n - 1)

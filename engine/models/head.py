@@ -166,13 +166,7 @@ class DraftHead(nn.Module):
         """The same head over its first `size` draft tokens (the most frequent, for a trained head)."""
         if size >= self.config.draft_vocab_size:
             return self
-        draft_ids = self.draft_ids[:size]
-        with torch.no_grad():
-            self.lm_head.weight = nn.Parameter(self.lm_head.weight[:size].clone(), requires_grad=False)
-            self.d2t = self.d2t[:size].clone()
-        self.set_vocabulary(draft_ids)
-        self.config.draft_vocab_size = size
-        return self
+        return self._take_vocabulary(self.draft_ids[:size], self.lm_head.weight[:size].detach().clone())
 
     def widened(self, size: int, target_lm_head: Tensor) -> DraftHead:
         """The same head over `size` draft tokens: its own, then the target ids it lacks in id order
@@ -189,11 +183,13 @@ class DraftHead(nn.Module):
         lacking[own] = False
         extra = lacking.nonzero().flatten()[: size - own.numel()]
         draft_ids = torch.cat([own, extra])
-        rows = target_lm_head.detach()[draft_ids.to(target_lm_head.device)]
+        return self._take_vocabulary(draft_ids, target_lm_head.detach()[draft_ids.to(target_lm_head.device)])
+
+    def _take_vocabulary(self, draft_ids: Tensor, rows: Tensor) -> DraftHead:
+        """Drafts over target ids `draft_ids` [N] from now on, with LM-head rows `rows` [N, C]."""
         weight = self.lm_head.weight
-        with torch.no_grad():
-            self.lm_head.weight = nn.Parameter(rows.to(weight.device, weight.dtype), requires_grad=False)
-            self.d2t = torch.zeros(draft_ids.numel(), dtype=torch.long, device=self.d2t.device)
+        self.lm_head.weight = nn.Parameter(rows.to(weight.device, weight.dtype), requires_grad=False)
+        self.d2t = torch.zeros(draft_ids.numel(), dtype=torch.long, device=self.d2t.device)
         self.set_vocabulary(draft_ids)
         self.config.draft_vocab_size = draft_ids.numel()
         return self

@@ -110,6 +110,15 @@ def test_nothing_is_built_when_compilation_is_off(make_tiny, monkeypatch):
     assert not any("Optimizing" in notice for notice in engine.notices)
 
 
+def test_a_changed_forward_graph_is_built_again_not_read_from_a_stale_marker(make_tiny, monkeypatch):
+    from engine.runtime import compile_build, static_forward
+
+    loaded = make_tiny(seed=2)
+    before = compile_build.marker_path(loaded, ())
+    monkeypatch.setattr(static_forward, "GRAPH_VERSION", static_forward.GRAPH_VERSION + 1)
+    assert compile_build.marker_path(loaded, ()) != before
+
+
 # argv: model folder; starts the helper, prints its pid, then waits to be killed
 PARENT_SCRIPT = textwrap.dedent(
     """

@@ -81,6 +81,28 @@ def test_eager_fast_path_matches_transformers(make_tiny, chunk):
     assert greedy(fast, PROMPT) == greedy(ModelRunner(loaded.model), PROMPT)
 
 
+def test_a_prompt_runs_the_lm_head_on_its_last_position_only(make_tiny, monkeypatch):
+    """Over a prompt the LM head would be 40 % of the work, for logits nobody reads."""
+    from engine.runtime import row_linear
+
+    loaded = make_tiny(seed=6)
+    fast = FastRunner(loaded.model, compiled="off")
+    head_rows, project = [], row_linear.project
+
+    def recording(module, x, path):
+        if module is fast.fast.lm_head:
+            head_rows.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return project(module, x, path)
+
+    monkeypatch.setattr(row_linear, "project", recording)
+    last = fast.prefill(PROMPT)
+    assert head_rows == [1]
+    fast.rollback(0)
+    every = fast.forward(PROMPT)
+    assert head_rows == [1, len(PROMPT)]
+    torch.testing.assert_close(last, every[-1], atol=1e-5, rtol=1e-5)
+
+
 def test_fused_projections_are_the_models_own_weights(make_tiny):
     """Fusing q/k/v and gate/up adds no memory and leaves the model's own forward as it was."""
     loaded = make_tiny(seed=5)

@@ -36,11 +36,13 @@ HELPER_NICENESS = 10
 def marker_path(loaded, capture: tuple[int, ...]) -> Path:
     """Where the helper records that the cache holds this model's graphs on this machine."""
     from engine.runtime import calibration
+    from engine.runtime.static_forward import GRAPH_VERSION
 
     # the model as calibration keys it (architecture, precision, kernels), less the runner's kind
     model = calibration.model_key(loaded, None)
     del model["runner"], model["compiled"]
     key = {"machine": calibration.machine_key(loaded.device), **model, "capture": list(capture)}
+    key["graph"] = GRAPH_VERSION
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return inductor_cache_dir() / "built" / f"{digest}.json"
 

@@ -111,7 +111,7 @@ class FastRunner(ModelRunner):
         chunk = self._chunk_size
         self._begin_capture()
         for start in range(0, ids.numel(), chunk):
-            last = self._forward_ids(ids[start : start + chunk])[-1]
+            last = self._forward_ids(ids[start : start + chunk], last_only=True)[-1]
         self._end_capture()
         return last
 
@@ -146,10 +146,10 @@ class FastRunner(ModelRunner):
         positions = start + torch.tensor(depth, device=self.device)
         slots = torch.arange(start, start + n, device=self.device)
         self._begin_capture()
-        logits, captured = self.fast(
+        hidden, captured = self.fast(
             ids.view(1, -1), positions, mask, slots, 0, frozenset(self.capture_hidden)
         )
-        logits = logits[0].float()  # [n, V]
+        logits = self.fast.logits(hidden[0]).float()  # [n, V]
         self._tree = (start, captured[:n] if self.capture_hidden else None)
         self.cache_length = start + n
         return logits
@@ -287,30 +287,31 @@ class FastRunner(ModelRunner):
 
     # Forwards
 
-    def _forward_ids(self, ids: Tensor) -> Tensor:
-        """ids: [n] with n <= _chunk_size -> logits [n, V] float32; advances cache_length by n."""
+    def _forward_ids(self, ids: Tensor, last_only: bool = False) -> Tensor:
+        """ids: [n] with n <= _chunk_size -> logits [n, V] float32 (last_only: [1, V], the last
+        position's); advances cache_length by n."""
         n = ids.numel()
         start = self.cache_length
         assert n >= 1 and start + n <= self.max_seq_length, (start, n, self.max_seq_length)
         size = self._compiled_size(n, start)
-        logits = None
+        hidden = None
         if size == n and self.dynamic_shapes:
-            logits = self._run_compiled(ids, start, window=start + n)
+            hidden = self._run_compiled(ids, start, window=start + n)
         elif size is not None:
             # One graph per size: it attends over every slot (the mask hides the unwritten ones), and
             # padding writes slots past the end, which are masked until overwritten.
-            logits = self._run_compiled(F.pad(ids, (0, size - n)), start, window=self.max_seq_length)
-        if logits is None:
-            logits, self._captured = self._call(self.fast, ids, start, start + n, self.capture_hidden)
-        logits = logits[:n]
+            hidden = self._run_compiled(F.pad(ids, (0, size - n)), start, window=self.max_seq_length)
+        if hidden is None:
+            hidden, self._captured = self._call(self.fast, ids, start, start + n, self.capture_hidden)
+        logits = self.fast.logits(hidden[n - 1 : n] if last_only else hidden[:n]).float()
         if self.capture_hidden:
             self._captured_pieces.append(self._captured[:n])
         self.cache_length = start + n
         return logits
 
     def _call(self, module, ids: Tensor, start: int, window: int, capture) -> tuple[Tensor, Tensor | None]:
-        """One forward of `module` over ids [n] at slots start.. -> (logits [n, V] float32, features);
-        touches no runner state but the KV slots it writes."""
+        """One forward of `module` over ids [n] at slots start.. -> (final hidden states [n, C],
+        features); touches no runner state but the KV slots it writes."""
         n = ids.numel()
         input_pos = torch.arange(start, start + n, device=self.device)  # [T]
         # one new token at the end of the window sees all of it: no mask to build or apply
@@ -318,35 +319,35 @@ class FastRunner(ModelRunner):
         capture = tuple(capture)
         if list(capture) != sorted(set(capture)):
             raise ValueError(f"hidden states are captured in layer order, not {capture}")
-        logits, captured = module(ids.view(1, -1), input_pos, mask, None, window, frozenset(capture))
-        return logits[0].float(), captured  # [T, V]
+        hidden, captured = module(ids.view(1, -1), input_pos, mask, None, window, frozenset(capture))
+        return hidden[0], captured  # [T, C]
 
     def _run_compiled(self, ids: Tensor, start: int, window: int) -> Tensor | None:
-        """The compiled forward's logits (features in `_captured`); None after it failed, and the
-        runner is eager from then on."""
+        """The compiled forward's final hidden states (features in `_captured`); None after it
+        failed, and the runner is eager from then on."""
         result = self._call_compiled(
             self._compiled, ids, start, window, self.capture_hidden or self.compiled_capture
         )
         if result is None:
             self._compiled = None
             return None
-        logits, self._captured = result
-        return logits
+        hidden, self._captured = result
+        return hidden
 
     def _call_compiled(self, module, ids: Tensor, start: int, window: int, capture):
-        """`_call` on a compiled forward -> (logits, features), or None when compiling or running
-        it failed, which `notice` then says."""
+        """`_call` on a compiled forward -> (hidden states, features), or None when compiling or
+        running it failed, which `notice` then says."""
         try:
             if self.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
-            logits, captured = self._call(module, ids, start, window, capture)
+            hidden, captured = self._call(module, ids, start, window, capture)
         except Exception as error:  # noqa: BLE001 - any failure means: stay eager, and say so
             self.notice = f"Running without compilation: compiling failed ({type(error).__name__}: {error})"
             return None
         if self.device.type == "cuda":  # the next CUDA-graph replay reuses its output buffers
-            logits = logits.clone()
+            hidden = hidden.clone()
             captured = captured.clone() if captured is not None else None
-        return logits, captured
+        return hidden, captured
 
     def _compiled_size(self, n: int, start: int) -> int | None:
         """The compiled shape a forward of n tokens runs in, or None to run it eagerly.

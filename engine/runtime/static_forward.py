@@ -55,8 +55,16 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+# Raised whenever FastLlama.forward's graph changes: a compile build's marker (engine.runtime.
+# compile_build) names the version it built, so a new graph is built in the background again
+# instead of being compiled from a cold cache before "Ready".
+GRAPH_VERSION = 2
+
+
 class FastLlama(nn.Module):
-    """forward(ids [1, T], input_pos [T], mask [T, W]) -> logits [1, T, V], attending over slots [0, W).
+    """forward(ids [1, T], input_pos [T], mask [T, W]) -> final hidden states [1, T, C], attending over
+    slots [0, W); logits(hidden) -> [.., V]. The LM head is a step of its own, so that a prompt's
+    forward runs it on the last row alone: over a 32-token chunk it is 40 % of the prefill's work.
 
     Layers run fused (engine.runtime.fused_layer) when every layer allows it; `unfused_reason`
     says why not otherwise (quantized drafts, Qwen3's per-head norms).
@@ -112,8 +120,8 @@ class FastLlama(nn.Module):
         window: int = 0,
         capture: frozenset[int] = frozenset(),
     ) -> tuple[Tensor, Tensor | None]:
-        """-> (logits [1, T, V], features [T, F*C] of the hidden states `capture` names (in
-        transformers' numbering), in layer order; or None).
+        """-> (final hidden states [1, T, C] for `logits`, features [T, F*C] of the hidden states
+        `capture` names (in transformers' numbering), in layer order; or None).
 
         `capture` is a frozenset because compiling with dynamic shapes makes the ints of a tuple
         argument symbols, and a graph cannot choose its layers by symbols."""
@@ -156,7 +164,11 @@ class FastLlama(nn.Module):
             if len(self.layers) in capture:
                 features.append(x[0])
             captured = torch.cat(features, dim=-1)  # [T, F*C]
-        return row_linear.project(self.lm_head, x, self.head_path), captured  # [1, T, V]
+        return x, captured  # [1, T, C]
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The LM head: hidden states [.., C] from forward -> logits [.., V]."""
+        return row_linear.project(self.lm_head, hidden, self.head_path)
 
     def attention(self, attn, x, kv_cache, slots, cos, sin, attn_mask, window: int) -> Tensor:
         _, T, _ = x.shape

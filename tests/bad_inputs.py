@@ -162,6 +162,11 @@ CASES: list[Case] = [
         ("bench", "--limit", "1", "--draft", "head", "--head-vocab", "0"),
         r"--head-vocab must be 1 or more",
     ),
+    Case(
+        "bench repeat of zero",
+        ("bench", "--limit", "1", "--repeat", "0"),
+        r"--repeat must be 1 or more",
+    ),
 ]
 
 

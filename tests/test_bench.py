@@ -313,6 +313,35 @@ def test_hf_methods_match_tandem_baseline_on_a_tiny_model(make_tiny):
     assert report["prompts"][0]["turns"] == 2
 
 
+def test_repeats_keep_each_methods_fastest_pass_of_each_prompt(make_tiny, monkeypatch):
+    from engine.settings import SamplingSettings
+
+    target = make_tiny(seed=0)
+    methods = bench_methods.expand_methods(["baseline", "tandem-ngram"], [None])
+    runners = bench_methods.build_runners(
+        methods, target, None, "model", SamplingSettings(max_new_tokens=6), bench_methods.HFSettings()
+    )
+    prompts = [
+        bench_prompts.BenchPrompt(1, "chat", ("Hello there",)),
+        bench_prompts.BenchPrompt(2, "qa", ("Why?",)),
+    ]
+    every_pass, play = [], bench_suite.run_conversation
+
+    def recorded(*args, **kwargs):
+        every_pass.append(play(*args, **kwargs))
+        return every_pass[-1]
+
+    monkeypatch.setattr(bench_suite, "run_conversation", recorded)
+    records = bench_suite.run_benchmark(runners, prompts, target.tokenizer, repeats=3)
+    assert len(every_pass) == 3 * 2 * 2 and len(records) == 2 * 2
+    for record in records:
+        passes = [
+            r for r in every_pass if (r.question_id, r.method) == (record.question_id, record.method)
+        ]
+        assert len(passes) == 3
+        assert record.tally.time_s == min(r.tally.time_s for r in passes)
+
+
 def test_hf_assisted_without_a_draft_model_is_refused(make_tiny):
     from engine.settings import SamplingSettings
 

@@ -54,6 +54,12 @@ def add_bench_parser(subparsers) -> None:
     )
     parser.add_argument("--categories", default=None, help="comma list of categories to keep")
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of the first prompt per method")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="timed passes of every prompt per method; each keeps its fastest (steadier per-prompt figures)",
+    )
     parser.add_argument("--json", dest="json_path", default=None, help="write the full report to this file")
     parser.add_argument("--plots", default=None, help="write PNG plots to this folder")
     hf = HFSettings()
@@ -154,6 +160,7 @@ def bench_config(args, prompts_path, prompts, methods, k_values, hf: HFSettings)
         "temperature": args.temperature,
         "seed": args.seed,
         "warmup": args.warmup,
+        "repeat": args.repeat,
         "hf": {
             "num_assistant_tokens": hf.assistant_tokens,
             "num_assistant_tokens_schedule": hf.assistant_schedule,
@@ -243,6 +250,8 @@ def run_bench(args) -> int:
         raise SettingsError(f"--head-vocab must be 1 or more, not {args.head_vocab}.")
     if args.warmup < 0:
         raise SettingsError(f"--warmup must be 0 or more, not {args.warmup}.")
+    if args.repeat < 1:
+        raise SettingsError(f"--repeat must be 1 or more, not {args.repeat}.")
 
     target, draft = load_models(args, methods)
     runners = bench_methods.build_runners(
@@ -258,7 +267,7 @@ def run_bench(args) -> int:
         head_source=head_source(args.draft),
         head_vocab=args.head_vocab,
     )
-    total = len(runners) * (args.warmup + len(prompts))
+    total = len(runners) * (args.warmup + args.repeat * len(prompts))
     with tqdm(total=total, file=sys.stderr, unit="run", leave=False) as bar:
 
         def step(name: str) -> None:
@@ -268,7 +277,7 @@ def run_bench(args) -> int:
         bar.set_description("warm-up")
         bench_suite.warm_up(runners, prompts[0], target.tokenizer, args.warmup, step)
         bar.set_description("bench")
-        records = bench_suite.run_benchmark(runners, prompts, target.tokenizer, step)
+        records = bench_suite.run_benchmark(runners, prompts, target.tokenizer, step, args.repeat)
 
     config = bench_config(args, prompts_path, prompts, methods, k_values, hf)
     # what "compiled" became on this machine: the Tandem methods' target compiled or eager

@@ -335,9 +335,7 @@ def test_repeats_keep_each_methods_fastest_pass_of_each_prompt(make_tiny, monkey
     records = bench_suite.run_benchmark(runners, prompts, target.tokenizer, repeats=3)
     assert len(every_pass) == 3 * 2 * 2 and len(records) == 2 * 2
     for record in records:
-        passes = [
-            r for r in every_pass if (r.question_id, r.method) == (record.question_id, record.method)
-        ]
+        passes = [r for r in every_pass if (r.question_id, r.method) == (record.question_id, record.method)]
         assert len(passes) == 3
         assert record.tally.time_s == min(r.tally.time_s for r in passes)
 

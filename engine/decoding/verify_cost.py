@@ -47,12 +47,8 @@ class VerifyCostCurve:
         self._drift, self._drift_rounds = 1.0, 0
 
     def observe(self, n: int, seconds: float) -> None:
-        old = self.seconds.get(n)
-        if old is None:
-            self.seconds[n] = seconds
-            return
-        self.seconds[n] = self.decay * old + (1 - self.decay) * seconds
-        if n != 1:
+        old = self._average_into(self.seconds, n, seconds)
+        if old is None or n != 1:
             return
         reference = self._reference.setdefault(1, old)
         self._drift = 0.8 * self._drift + 0.2 * (seconds / reference)
@@ -67,8 +63,13 @@ class VerifyCostCurve:
             self._drift, self._drift_rounds = 1.0, 0
 
     def observe_tree(self, n: int, seconds: float) -> None:
-        old = self.tree_seconds.get(n)
-        self.tree_seconds[n] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        self._average_into(self.tree_seconds, n, seconds)
+
+    def _average_into(self, table: dict[int, float], n: int, seconds: float) -> float | None:
+        """Moves table[n] towards `seconds` (the running average); returns its figure before."""
+        old = table.get(n)
+        table[n] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        return old
 
     def replace(self, seconds: dict[int, float]) -> None:
         """A new measured curve (the runner changed, say from eager to compiled): its figures, and

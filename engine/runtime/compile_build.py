@@ -41,8 +41,12 @@ def marker_path(loaded, capture: tuple[int, ...]) -> Path:
     # the model as calibration keys it (architecture, precision, kernels), less the runner's kind
     model = calibration.model_key(loaded, None)
     del model["runner"], model["compiled"]
-    key = {"machine": calibration.machine_key(loaded.device), **model, "capture": list(capture)}
-    key["graph"] = GRAPH_VERSION
+    key = {
+        "machine": calibration.machine_key(loaded.device),
+        **model,
+        "capture": list(capture),
+        "graph": GRAPH_VERSION,
+    }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return inductor_cache_dir() / "built" / f"{digest}.json"
 

@@ -132,15 +132,22 @@ def test_smoothing_is_exact_in_float(tiny, builtin_tokenizer):
 
 
 def test_dynamic_int8_quantizes_each_token_on_its_own():
-    """A row with a large outlier must not flatten the other rows' quantization (per-token scales)."""
+    """A row with a large outlier must not flatten the other rows' quantization (per-token scales).
+
+    Judged against the float result and this machine's own quantization error: without VNNI the
+    activations keep 7 bits (reduce_range), so the error of a row alone is twice what it is with it."""
     torch.manual_seed(0)
     weight = torch.randn(32, 64) / 8
     layer = qk.KERNELS["int8-dynamic-fbgemm"].make_linear(weight, None)
     x = torch.randn(2, 64)
     x[0, 0] = 500.0
-    together = layer(x)
-    alone = layer(x[1:])
-    torch.testing.assert_close(together[1:], alone, rtol=0.02, atol=0.02)
+    exact = x[1:] @ weight.T
+    alone_error = (layer(x[1:]) - exact).abs().max()
+    together_error = (layer(x)[1:] - exact).abs().max()
+    assert together_error <= 2 * alone_error + 1e-3
+    # the failure this guards against: one scale for the whole call, the outlier's
+    shared = torch.ops.quantized.linear_dynamic(x, layer._packed, layer.reduce_range)
+    assert (shared[1:] - exact).abs().max() > 10 * together_error
 
 
 def test_precision_settings():

@@ -347,6 +347,8 @@ class ChatEngine:
         """What the user should know about how the models run (no compilation, generic path)."""
         runners = [self._runner, getattr(self._model_drafter, "runner", None)]
         found = [r.notice for r in runners if r is not None and r.notice] + [self._compile_notice]
+        if self._head is not None:
+            found.append(self._head[1].weights)
         found = [notice for notice in found if notice]
         if self._optimizing:
             found.insert(

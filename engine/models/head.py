@@ -152,6 +152,15 @@ class DraftHead(nn.Module):
         )
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of its activations (its linear layers may hold quantized blocks)."""
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
     def draft_ids(self) -> Tensor:
         """[N] long: the target id of each draft token."""
         return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
@@ -200,7 +209,7 @@ class DraftHead(nn.Module):
             self.inv_freq = self.inv_freq.to(positions.device)
         angles = positions.float().unsqueeze(-1) * self.inv_freq  # [..., T, D/2]
         emb = torch.cat((angles, angles), dim=-1)
-        dtype = self.fc.weight.dtype
+        dtype = self.dtype
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def project(self, hidden: Tensor, embeds: Tensor, cos: Tensor, sin: Tensor):

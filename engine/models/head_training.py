@@ -199,7 +199,7 @@ def chained_log_probs(head: DraftHead, embed, ids: torch.Tensor, features: torch
     """
     B, T = ids.shape
     L = T - 1
-    dtype = head.fc.weight.dtype
+    dtype = head.dtype
     embeds = embed(ids[:, 1:]).to(dtype)  # [B, L, C]
     positions = torch.arange(L, device=ids.device)
     cos, sin = head.rope(positions)  # [L, D]

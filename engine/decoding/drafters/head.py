@@ -29,6 +29,7 @@ MAX_PENDING_ROWS = 256
 
 class HeadDrafter(Drafter):
     has_model = True
+    weights = "Draft head in float32."  # the precision its layers run at here, for the stats and the app
 
     def __init__(
         self, head: DraftHead, embed_tokens, target_vocab_size: int, context_length: int, name="head"
@@ -40,15 +41,14 @@ class HeadDrafter(Drafter):
         self.wants_hidden = tuple(head.config.target_layers)  # what the target's runner must capture
         self.acceptance_prior = acceptance_prior(head.config.training)
         self.draft_ids = head.draft_ids  # [N] target id of each draft token
-        weight = head.fc.weight
         config = head.config
         shape = (1, config.num_key_value_heads, context_length, config.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-        self.v_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+        self.k_cache = torch.zeros(shape, dtype=head.dtype, device=head.device)
+        self.v_cache = torch.zeros(shape, dtype=head.dtype, device=head.device)
         self.valid = torch.zeros(
-            context_length, dtype=torch.bool, device=weight.device
+            context_length, dtype=torch.bool, device=head.device
         )  # [S] slots holding an entry
-        self.slots = torch.arange(context_length, device=weight.device)
+        self.slots = torch.arange(context_length, device=head.device)
         self.context_length = context_length
         self.tokens: list[int] = []  # the sequence the cached entries were computed on
         self._pending: list[tuple[int, Tensor, list[int]]] = []  # (start, features [n, F*C], sequence)
@@ -158,7 +158,7 @@ class HeadDrafter(Drafter):
             if start + features.size(0) > self.context_length:
                 continue
             tokens = torch.tensor(sequence[start + 1 :], dtype=torch.long, device=self.device)
-            hidden = self.head.fc(features.to(self.head.fc.weight.dtype)).unsqueeze(0)  # [1, n, C]
+            hidden = self.head.fc(features.to(self.head.dtype)).unsqueeze(0)  # [1, n, C]
             out = self._step(hidden[0], tokens, start)  # [n, C]
             self._last = (start + features.size(0) - 1, out[-1])
             self.tokens = sequence
@@ -219,10 +219,14 @@ def acceptance_prior(training: dict) -> tuple[float, float] | None:
     return steps[0], steps[1] if len(steps) > 1 else steps[0]
 
 
-def head_drafter(target, runner, source=None, draft_vocab: int | None = None) -> HeadDrafter:
+def head_drafter(
+    target, runner, source=None, draft_vocab: int | None = None, quantize: bool = True
+) -> HeadDrafter:
     """A HeadDrafter for `target` (a LoadedModel) on its runner: the head in folder `source`, or the
     one Tandem ships for this target. `draft_vocab` keeps only the N most frequent draft tokens, or
-    widens the vocabulary to N with the target's own rows (DraftHead.widened)."""
+    widens the vocabulary to N with the target's own rows (DraftHead.widened). `quantize`: 8-bit
+    blocks where they run and agree with float32 here (engine.models.head_quant)."""
+    from engine.models import head_quant
     from engine.models.head import find_head, load_head
     from engine.runtime import row_linear
 
@@ -232,8 +236,13 @@ def head_drafter(target, runner, source=None, draft_vocab: int | None = None) ->
         head = head.truncated(draft_vocab)
     elif draft_vocab:
         head = head.widened(draft_vocab, target.model.get_output_embeddings().weight)
-    row_linear.use_in(head)
+    weights = "Draft head in float32."
+    if quantize:
+        head, weights = head_quant.quantized_if_agrees(head, target)
+    row_linear.use_in(head)  # the layers still in float32
     name = "head" if source is None else f"head:{folder.name}"
-    return HeadDrafter(
+    drafter = HeadDrafter(
         head, target.model.get_input_embeddings(), runner.vocab_size, runner.context_length, name
     )
+    drafter.weights = weights
+    return drafter

@@ -1,0 +1,102 @@
+"""The draft head's weights in 8-bit blocks on a CPU: a head step reads about a quarter of the bytes.
+
+A draft's precision never touches Tandem's output: the target verifies every draft token, and at
+T > 0 the loop tests each one against the distribution the head really drew it from. It only changes
+how often the head's tokens are kept. So the head runs quantized where the block kernel runs, and
+only where the quantized head agrees with its float self on this machine: the check feeds both the
+target's own features over a few probe texts and keeps the quantized head when their first choices
+agree on at least MIN_AGREEMENT of the positions. The result is cached per machine, head and torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import torch
+from torch import nn
+
+from engine.models import quant_check
+from engine.models.head import DraftHead
+from engine.models.head_training import chained_log_probs
+
+MIN_AGREEMENT = 0.95
+KERNEL = "head-int8-block-q8_0"
+VERSION = 1
+
+
+def unavailable_reason(head: DraftHead) -> str | None:
+    """None when the block kernel can hold this head here, else why the head stays float."""
+    from engine.models import block_quant
+
+    if head.device.type != "cpu" or head.dtype != torch.float32:
+        return "the head is not float32 on a CPU"
+    error = block_quant.build_error()
+    if error is not None:
+        return error
+    widths = [m.in_features for m in head.modules() if type(m) is nn.Linear]
+    if any(width % block_quant.PAIR for width in widths):
+        return f"a layer's width is not a multiple of {block_quant.PAIR}"
+    return None
+
+
+def quantized_copy(head: DraftHead) -> DraftHead:
+    """A copy of `head` whose linear layers (LM head included) hold 8-bit blocks."""
+    from engine.models.block_quant import BlockQuantLinear
+
+    quantized = copy.deepcopy(head)
+    for module in list(quantized.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, BlockQuantLinear.quantized(child.weight.detach(), child.bias, 8))
+    return quantized
+
+
+def quantized_if_agrees(head: DraftHead, target) -> tuple[DraftHead, str]:
+    """The quantized head when it runs here and passes the check, else `head`; and a line saying which."""
+    reason = unavailable_reason(head)
+    if reason is not None:
+        return head, f"Draft head in float32 ({reason})."
+    key = quant_check.machine_key(KERNEL, VERSION, head_fingerprint(head))
+    cached = quant_check.read_cache().get(key, {}).get("agreement")
+    quantized = quantized_copy(head)
+    if cached is None:
+        cached = agreement(head, quantized, target)
+        quant_check.write_cache_entry(key, {"kernel": KERNEL, "agreement": round(cached, 4)})
+    if cached < MIN_AGREEMENT:
+        return head, (
+            f"Draft head in float32: its 8-bit copy agreed with it on {cached:.0%} of the check's "
+            f"tokens here (needs {MIN_AGREEMENT:.0%})."
+        )
+    return quantized, f"Draft head in 8-bit blocks ({cached:.0%} agreement with float32 here)."
+
+
+@torch.inference_mode()
+def agreement(head: DraftHead, quantized: DraftHead, target) -> float:
+    """Share of probe positions where both heads, fed the target's features, choose the same token."""
+    same = total = 0
+    for ids in quant_check.probe_inputs(target.tokenizer, head.device):
+        features = target_features(target.model, ids, head.config.target_layers)[None]  # [1, n, F*C]
+        embed = target.model.get_input_embeddings()
+        choices = [
+            chained_log_probs(h, embed, ids[None], features, 1)[0].argmax(-1) for h in (head, quantized)
+        ]
+        same += int((choices[0] == choices[1]).sum())
+        total += choices[0].numel()
+    return same / max(total, 1)
+
+
+def target_features(model, ids: torch.Tensor, layers) -> torch.Tensor:
+    """The target's hidden states at `layers` over `ids` ([n]), side by side: [n, len(layers) * C]."""
+    output = model(input_ids=ids.view(1, -1), output_hidden_states=True, use_cache=False)
+    return torch.cat([output.hidden_states[i][0] for i in layers], dim=-1).float()
+
+
+def head_fingerprint(head: DraftHead) -> str:
+    """A short hash of the head's shape and a sample of its weights (its identity in the check cache)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(head.state_dict().items()):
+        flat = tensor.detach().flatten()
+        digest.update(f"{name}:{tuple(tensor.shape)}".encode())
+        digest.update(flat[:: max(1, flat.numel() // 64)].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]

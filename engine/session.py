@@ -245,8 +245,8 @@ class ChatEngine:
 
     def prepare(self, progress=None) -> None:
         """Work before the first reply, so that it does not wait: compiles the forwards (when compilation
-        is on, or on CPU with "auto" when an earlier start built them: seconds), and measures the
-        verify cost (or reads it back from an earlier start)."""
+        is on, or on CPU with "auto" when an earlier start built them: seconds), measures the verify
+        cost (or reads it back from an earlier start), and loads the draft head the drafter may use."""
         from engine.runtime import compile_build
 
         with self._lock:
@@ -256,6 +256,10 @@ class ChatEngine:
                 if runner is not None and getattr(runner, "is_compiled", False):
                     runner.warm_up(progress=progress)
             self.calibrate(progress)
+            if self.speculation.drafter in ("head", "auto"):  # its load and check, not the first reply's
+                if progress:
+                    progress("Loading the draft head", 0, 1)
+                self._fitting_head()
             # a CPU build that an earlier start finished: seconds from inductor's cache, before "Ready"
             if self._may_compile_later() and compile_build.is_built(self.target, self._compiled_capture()):
                 self._compile_notice = self._compile_from_cache(progress) or ""

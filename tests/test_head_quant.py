@@ -73,3 +73,15 @@ def test_a_head_the_kernel_cannot_hold_stays_float_and_says_why(make_tiny):
     kept, note = head_quant.quantized_if_agrees(head, tiny)
     assert kept is head
     assert note == "Draft head in float32 (its LM head's width is not a multiple of 64)."
+
+
+def test_a_prepared_engine_has_its_head_loaded_and_says_at_what_precision_it_runs(
+    builtin_model, fresh_check_cache
+):
+    from engine.session import ChatEngine
+    from engine.settings import SpeculationSettings
+
+    engine = ChatEngine(builtin_model, speculation=SpeculationSettings(drafter="auto"), compiled="off")
+    engine.prepare()
+    assert engine._head is not None  # loaded and checked before the first reply, not during it
+    assert any(notice.startswith("Draft head's LM head in 8-bit blocks") for notice in engine.notices)

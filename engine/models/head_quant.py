@@ -35,14 +35,20 @@ def unavailable_reason(head: DraftHead) -> str | None:
     """None when the block kernel can hold this head here, else why the head stays float."""
     from engine.models import block_quant
 
-    if head.device.type != "cpu" or head.dtype != torch.float32:
-        return "the head is not float32 on a CPU"
+    if head.device.type != "cpu":
+        return f"the block kernel is for CPUs, and the head runs on {head.device.type}"
+    if head.dtype != torch.float32:
+        return f"the block kernel takes float32 activations, and the head runs in {dtype_name(head)}"
     error = block_quant.build_error()
     if error is not None:
         return error
     if type(head.lm_head) is not nn.Linear or head.lm_head.in_features % block_quant.PAIR:
         return f"its LM head's width is not a multiple of {block_quant.PAIR}"
     return None
+
+
+def dtype_name(head: DraftHead) -> str:
+    return str(head.dtype).removeprefix("torch.")
 
 
 def quantized_copy(head: DraftHead) -> DraftHead:
@@ -58,7 +64,7 @@ def quantized_if_agrees(head: DraftHead, target) -> tuple[DraftHead, str]:
     """The quantized head when it runs here and passes the check, else `head`; and a line saying which."""
     reason = unavailable_reason(head)
     if reason is not None:
-        return head, f"Draft head in float32 ({reason})."
+        return head, f"Draft head in {dtype_name(head)} ({reason})."
     key = quant_check.machine_key(KERNEL, VERSION, head_fingerprint(head))
     cached = quant_check.read_cache().get(key, {}).get("agreement")
     quantized = quantized_copy(head)

@@ -29,7 +29,7 @@ MAX_PENDING_ROWS = 256
 
 class HeadDrafter(Drafter):
     has_model = True
-    weights = "Draft head in float32."  # the precision its layers run at here, for the stats and the app
+    weights = "Draft head in float32."  # the precision it runs at here (head_drafter sets it), for the app
 
     def __init__(
         self, head: DraftHead, embed_tokens, target_vocab_size: int, context_length: int, name="head"
@@ -236,7 +236,7 @@ def head_drafter(
         head = head.truncated(draft_vocab)
     elif draft_vocab:
         head = head.widened(draft_vocab, target.model.get_output_embeddings().weight)
-    weights = "Draft head in float32."
+    weights = f"Draft head in {head_quant.dtype_name(head)}."
     if quantize:
         head, weights = head_quant.quantized_if_agrees(head, target)
     row_linear.use_in(head)  # the layers still in float32

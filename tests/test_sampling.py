@@ -11,6 +11,7 @@ from engine.decoding.sampling import (
     accept_reject,
     coupled_accept,
     coupled_sample,
+    exponential_draws,
     greedy_accept,
     one_hot,
     probs_from_logits,
@@ -273,3 +274,18 @@ def test_position_noise_depends_only_on_seed_and_position():
     assert torch.equal(noise.race(12, 2, V), a[2:])
     assert torch.equal(PositionNoise(5, "cpu").race(10, 4, V), a)
     assert not torch.equal(PositionNoise(6, "cpu").race(10, 4, V), a)
+
+
+def test_position_noise_keeps_a_bounded_number_of_rows_and_draws_a_dropped_one_again_alike():
+    noise = PositionNoise(5, "cpu")
+    first = noise.race(0, 1, V)
+    noise.race(1, PositionNoise.KEEP + 10, V)
+    assert len(noise._rows) == PositionNoise.KEEP
+    assert (0, V) not in noise._rows
+    assert torch.equal(noise.race(0, 1, V), first)
+
+
+def test_exponential_draws_have_the_exp1_mean_and_variance_and_are_never_zero():
+    draws = exponential_draws(1_000_000, torch.Generator().manual_seed(0), "cpu")
+    assert bool((draws > 0).all())
+    assert abs(float(draws.mean()) - 1.0) < 0.005 and abs(float(draws.var()) - 1.0) < 0.01

@@ -173,7 +173,7 @@ def accept_reject(
     # u < target_p / draft_p, written without a division so that draft_p == 0 cannot produce nan
     accepted = uniform * draft_p < target_p  # [B, K]
 
-    num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)  # [B]
+    num_accepted = _accepted_prefix(accepted)  # [B]
     # Only the row the emitted token comes from is sampled: the recovered token's residual at the
     # first rejection, or the bonus token's target row after K acceptances (an all-zero draft row).
     at = num_accepted.view(-1, 1, 1).expand(-1, 1, target_probs.size(-1))  # [B, 1, V]
@@ -190,6 +190,11 @@ def accept_reject(
 
 def _first_rejection(accepted: torch.Tensor, candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """accepted: [B, K] bool, candidates: [B, K+1] long -> (num_accepted [B], candidates[b, num_accepted[b]])."""
-    num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)  # [B]
+    num_accepted = _accepted_prefix(accepted)  # [B]
     next_token = candidates.gather(-1, num_accepted.unsqueeze(-1)).squeeze(-1)  # [B]
     return num_accepted, next_token
+
+
+def _accepted_prefix(accepted: torch.Tensor) -> torch.Tensor:
+    """accepted: [B, K] bool -> [B] long, the number of leading True."""
+    return accepted.long().cumprod(dim=-1).sum(dim=-1)

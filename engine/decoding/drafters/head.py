@@ -29,12 +29,18 @@ MAX_PENDING_ROWS = 256
 
 class HeadDrafter(Drafter):
     has_model = True
-    weights = "Draft head in float32."  # the precision it runs at here (head_drafter sets it), for the app
 
     def __init__(
-        self, head: DraftHead, embed_tokens, target_vocab_size: int, context_length: int, name="head"
+        self,
+        head: DraftHead,
+        embed_tokens,
+        target_vocab_size: int,
+        context_length: int,
+        name="head",
+        weights: str = "Draft head in float32.",
     ):
         self.head = head
+        self.weights = weights  # the precision it runs at here, for the app
         self.embed_tokens = embed_tokens  # the target's own embedding module
         self.target_vocab_size = target_vocab_size
         self.name = name
@@ -241,8 +247,6 @@ def head_drafter(
         head, weights = head_quant.quantized_if_agrees(head, target)
     row_linear.use_in(head)  # the layers still in float32
     name = "head" if source is None else f"head:{folder.name}"
-    drafter = HeadDrafter(
-        head, target.model.get_input_embeddings(), runner.vocab_size, runner.context_length, name
+    return HeadDrafter(
+        head, target.model.get_input_embeddings(), runner.vocab_size, runner.context_length, name, weights
     )
-    drafter.weights = weights
-    return drafter

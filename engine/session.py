@@ -246,7 +246,7 @@ class ChatEngine:
     def prepare(self, progress=None) -> None:
         """Work before the first reply, so that it does not wait: compiles the forwards (when compilation
         is on, or on CPU with "auto" when an earlier start built them: seconds), measures the verify
-        cost (or reads it back from an earlier start), and loads the draft head the drafter may use."""
+        cost (or reads it back from an earlier start), loads the draft head the drafter may use."""
         from engine.runtime import compile_build
 
         with self._lock:
@@ -256,9 +256,7 @@ class ChatEngine:
                 if runner is not None and getattr(runner, "is_compiled", False):
                     runner.warm_up(progress=progress)
             self.calibrate(progress)
-            if self.speculation.drafter in ("head", "auto"):  # its load and check, not the first reply's
-                if progress:
-                    progress("Loading the draft head", 0, 1)
+            if self.speculation.drafter in ("head", "auto"):  # loaded and checked now, not in a reply
                 self._fitting_head()
             # a CPU build that an earlier start finished: seconds from inductor's cache, before "Ready"
             if self._may_compile_later() and compile_build.is_built(self.target, self._compiled_capture()):
@@ -350,15 +348,11 @@ class ChatEngine:
     def notices(self) -> list[str]:
         """What the user should know about how the models run (no compilation, generic path)."""
         runners = [self._runner, getattr(self._model_drafter, "runner", None)]
-        found = [r.notice for r in runners if r is not None and r.notice] + [self._compile_notice]
-        if self._head is not None:
-            found.append(self._head[1].weights)
-        found = [notice for notice in found if notice]
-        if self._optimizing:
-            found.insert(
-                0, "Optimizing for this machine in the background; replies run uncompiled until then."
-            )
-        return list(dict.fromkeys(found))
+        head = self._head[1].weights if self._head is not None else ""  # at what precision it runs
+        optimizing = "Optimizing for this machine in the background; replies run uncompiled until then."
+        found = [optimizing] if self._optimizing else []
+        found += [r.notice for r in runners if r is not None] + [self._compile_notice, head]
+        return list(dict.fromkeys(notice for notice in found if notice))
 
     # --- internals -----------------------------------------------------------------------------
 

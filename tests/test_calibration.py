@@ -24,13 +24,25 @@ def target(make_tiny):
     return make_tiny(seed=0)
 
 
+@pytest.fixture
+def restart_tolerates_load(monkeypatch):
+    """A restart's quick check compares forwards of a millisecond; on a shared host another program's
+    load bends their ratio past the product's tolerance and the restart rightly measures again. These
+    tests are about reading back, so they widen it; test_the_start_up_check_judges_two_token_verifies_too
+    tests the tolerance itself."""
+    from engine import session
+
+    monkeypatch.setattr(session, "STORED_SHAPE_TOLERANCE", 4.0)
+    monkeypatch.setattr(session, "SHAPE_JITTER_S", 0.004)
+
+
 def stages_of(engine: ChatEngine) -> list[str]:
     stages = []
     engine.prepare(lambda stage, done, total: stages.append(stage))
     return stages
 
 
-def test_prepare_measures_once_and_a_second_start_reads_it_back(cache_file, target):
+def test_prepare_measures_once_and_a_second_start_reads_it_back(cache_file, target, restart_tolerates_load):
     first = ChatEngine(target)
     assert stages_of(first) == ["Measuring this machine"]
     assert cache_file.is_file()
@@ -44,7 +56,9 @@ def test_prepare_measures_once_and_a_second_start_reads_it_back(cache_file, targ
     assert second_curve == pytest.approx({n: t * scale for n, t in first_curve.items()})
 
 
-def test_a_curve_stored_while_the_machine_was_busy_is_rescaled_at_the_next_start(cache_file, target):
+def test_a_curve_stored_while_the_machine_was_busy_is_rescaled_at_the_next_start(
+    cache_file, target, restart_tolerates_load
+):
     """A curve measured under heavy load would make every speed-up estimate wrong (the target alone
     looked 10x slower than it is); one quick single-step check at start rescales it."""
     ChatEngine(target).prepare()
@@ -100,14 +114,14 @@ def test_a_slow_measurement_on_a_busy_machine_is_bounded_before_it_is_kept(tmp_p
     assert calibration.load("k", path) == measured
 
 
-def test_a_stored_curve_of_the_wrong_shape_is_measured_again(cache_file, target):
+def test_a_stored_curve_of_the_wrong_shape_is_measured_again(cache_file, target, restart_tolerates_load):
     """A curve whose verify sizes were stored far off their cost (seen: t(4) = t(1), when a forward over
     4 tokens costs 1.45 single steps) made adaptive K misjudge every round of a session. The start-up
     check compares t(4) / t(1) too, and measures the whole curve again when it is off."""
     ChatEngine(target).prepare()
     key, entry = next(iter(json.loads(cache_file.read_text()).items()))
     measured = {int(n): t for n, t in entry["seconds"].items()}
-    dear = {n: t if n == 1 else 10 * measured[1] + 0.005 + t for n, t in measured.items()}
+    dear = {n: t if n == 1 else 30 * measured[1] + 0.02 + t for n, t in measured.items()}
     calibration.save(key, dear, cache_file)
     engine = ChatEngine(target)
     assert stages_of(engine) == ["Measuring this machine"]

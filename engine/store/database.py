@@ -14,7 +14,9 @@ opening the store turns the 'streaming' rows whose writer is gone into 'interrup
 text, and leaves alone the rows that another live process is still writing.
 
 Several processes may write at once: every write transaction starts with BEGIN IMMEDIATE, so a second
-writer waits for the first (up to `busy_timeout_s`) instead of failing on a lock upgrade. An app or a
+writer waits for the first (up to `busy_timeout_s`) instead of failing on a lock upgrade. SQLite's busy
+handler polls, so a waiting writer can miss every gap in another's run of short writes and wait out the
+whole run: the timeout is long enough for such a run on a loaded machine. An app or a
 terminal chat that owns the database also takes the instance lock (acquire_instance_lock), so a second
 one is told the database is in use instead of writing beside the first.
 """
@@ -63,7 +65,7 @@ from engine.store.snapshots import insert_snapshot, take_snapshot
 class Store:
     """The conversation database. Use it from one thread; open another Store for another thread."""
 
-    def __init__(self, path: str | os.PathLike | None = None, *, busy_timeout_s: float = 10.0):
+    def __init__(self, path: str | os.PathLike | None = None, *, busy_timeout_s: float = 30.0):
         self.path = Path(path) if path is not None else default_db_path()
         self.busy_timeout_s = busy_timeout_s
         self.recovered = 0  # replies cut off by a crash or kill, marked 'interrupted' at open

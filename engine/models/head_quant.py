@@ -67,16 +67,22 @@ def quantized_if_agrees(head: DraftHead, target) -> tuple[DraftHead, str]:
         return head, f"Draft head in {dtype_name(head)} ({reason})."
     key = quant_check.machine_key(KERNEL, VERSION, head_fingerprint(head))
     cached = quant_check.read_cache().get(key, {}).get("agreement")
+    if cached is not None and cached < MIN_AGREEMENT:
+        return head, refused(cached)
     quantized = quantized_copy(head)
     if cached is None:
         cached = agreement(head, quantized, target)
         quant_check.write_cache_entry(key, {"kernel": KERNEL, "agreement": round(cached, 4)})
     if cached < MIN_AGREEMENT:
-        return head, (
-            f"Draft head in float32: with an 8-bit LM head it agreed with itself on {cached:.0%} of the check's "
-            f"tokens here (needs {MIN_AGREEMENT:.0%})."
-        )
+        return head, refused(cached)
     return quantized, f"Draft head's LM head in 8-bit blocks ({cached:.0%} agreement with float32 here)."
+
+
+def refused(share: float) -> str:
+    return (
+        f"Draft head in float32: with an 8-bit LM head it agreed with itself on {share:.0%} of the check's "
+        f"tokens here (needs {MIN_AGREEMENT:.0%})."
+    )
 
 
 @torch.inference_mode()

@@ -89,30 +89,19 @@ class KController:
         return self.probe_k(best_k, cap) if self.due_probe() else 0
 
     def best(self, cap: int, condition=None) -> tuple[int | None, float, float]:
-        """(best K in 1..cap, its expected tokens/s, a plain step's tokens/s); K None before measurements.
-
-        K is the best for the measured acceptance; the rate that decides whether to draft at all is
-        the optimistic one (OPTIMISM) at that K. The benefit of the doubt buys a round that measures
-        the drafter, not a long one: from the optimistic figure, a lookup match of a length seen once
-        drafted six tokens and, as often as not, kept none (a verify of 7 costing 1.56 single steps)."""
+        """(best K in 1..cap, its expected tokens/s, a plain step's tokens/s); K None before measurements."""
         plain_rate = self.expected_rate(0)
         if plain_rate is None or self.draft_step_s is None or cap <= 0:
             return None, 0.0, plain_rate or 0.0
-        measured = self._rates(self.acceptance.conditional(condition), cap)
-        best_k = max(range(1, cap + 1), key=lambda k: measured[k - 1])
-        if self.optimism <= 0:
-            return best_k, measured[best_k - 1], plain_rate
-        optimistic = self._rates(self.acceptance.conditional(condition, self.optimism), best_k)
-        return best_k, optimistic[best_k - 1], plain_rate
-
-    def _rates(self, conditional: list[float], cap: int) -> list[float]:
-        """Expected tokens/s for K = 1..cap, E(K) built up position by position."""
-        rates, tokens, survive = [], 1.0, 1.0
-        for k in range(1, cap + 1):
+        conditional = self.acceptance.conditional(condition, self.optimism)
+        best_k, best_rate, tokens, survive = None, 0.0, 1.0, 1.0
+        for k in range(1, cap + 1):  # E(k) built up position by position
             survive *= conditional[k - 1] if k - 1 < len(conditional) else 0.0
             tokens += survive
-            rates.append(tokens / (self.curve.estimate(k + 1) + k * self.draft_step_s))
-        return rates
+            rate = tokens / (self.curve.estimate(k + 1) + k * self.draft_step_s)
+            if best_k is None or rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate, plain_rate
 
     def start_reply(self) -> None:
         if not self.speculation.adaptive:

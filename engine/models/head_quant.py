@@ -67,31 +67,28 @@ def quantized_if_agrees(head: DraftHead, target) -> tuple[DraftHead, str]:
         return head, f"Draft head in {dtype_name(head)} ({reason})."
     key = quant_check.machine_key(KERNEL, VERSION, head_fingerprint(head))
     cached = quant_check.read_cache().get(key, {}).get("agreement")
-    if cached is not None and cached < MIN_AGREEMENT:
-        return head, refused(cached)
-    quantized = quantized_copy(head)
+    quantized = None  # built only to be checked, or once it passed
     if cached is None:
+        quantized = quantized_copy(head)
         cached = agreement(head, quantized, target)
         quant_check.write_cache_entry(key, {"kernel": KERNEL, "agreement": round(cached, 4)})
     if cached < MIN_AGREEMENT:
-        return head, refused(cached)
+        return head, (
+            f"Draft head in float32: with an 8-bit LM head it agreed with itself on {cached:.0%} of the check's "
+            f"tokens here (needs {MIN_AGREEMENT:.0%})."
+        )
+    if quantized is None:
+        quantized = quantized_copy(head)
     return quantized, f"Draft head's LM head in 8-bit blocks ({cached:.0%} agreement with float32 here)."
-
-
-def refused(share: float) -> str:
-    return (
-        f"Draft head in float32: with an 8-bit LM head it agreed with itself on {share:.0%} of the check's "
-        f"tokens here (needs {MIN_AGREEMENT:.0%})."
-    )
 
 
 @torch.inference_mode()
 def agreement(head: DraftHead, quantized: DraftHead, target) -> float:
     """Share of probe positions where both heads, fed the target's features, choose the same token."""
     same = total = 0
+    embed = target.model.get_input_embeddings()
     for ids in quant_check.probe_inputs(target.tokenizer, head.device):
         features = target_features(target.model, ids, head.config.target_layers)[None]  # [1, n, F*C]
-        embed = target.model.get_input_embeddings()
         choices = [
             chained_log_probs(h, embed, ids[None], features, 1)[0].argmax(-1) for h in (head, quantized)
         ]

@@ -37,10 +37,13 @@ class HeadDrafter(Drafter):
         target_vocab_size: int,
         context_length: int,
         name="head",
-        weights: str = "Draft head in float32.",
+        weights: str | None = None,
     ):
+        from engine.models.head_quant import dtype_name
+
         self.head = head
-        self.weights = weights  # the precision it runs at here, for the app
+        # the precision it runs at here, for the app
+        self.weights = weights or f"Draft head in {dtype_name(head)}."
         self.embed_tokens = embed_tokens  # the target's own embedding module
         self.target_vocab_size = target_vocab_size
         self.name = name
@@ -242,7 +245,7 @@ def head_drafter(
         head = head.truncated(draft_vocab)
     elif draft_vocab:
         head = head.widened(draft_vocab, target.model.get_output_embeddings().weight)
-    weights = f"Draft head in {head_quant.dtype_name(head)}."
+    weights = None
     if quantize:
         head, weights = head_quant.quantized_if_agrees(head, target)
     row_linear.use_in(head)  # the layers still in float32

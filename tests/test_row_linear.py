@@ -29,7 +29,7 @@ def available():
 def test_each_code_path_computes_a_linear_layer(path, k):
     torch.manual_seed(k)
     weight, bias = torch.randn(70, k), torch.randn(70)  # 70 rows: the row groups' tail runs too
-    for m in (1, 3, 4, 7, row_linear.ROW_EXACT_ROWS, row_linear.ROW_EXACT_ROWS + 1):
+    for m in (1, 3, 4, 5, 7, 8, row_linear.ROW_EXACT_ROWS, row_linear.ROW_EXACT_ROWS + 1):
         x = torch.randn(m, k)
         for b in (None, bias):
             y = row_linear.linear(x, weight, b, path)

@@ -23,6 +23,8 @@ from engine.models import native_ops
 from engine.models.cpu_features import cpu_flags
 
 ROW_EXACT_ROWS = 16  # kRows in row_linear.cpp
+# Bumped when row_linear.cpp's speed changes, so that stored verify-cost curves are measured again.
+KERNEL_VERSION = 2
 
 
 def best_path() -> str | None:
@@ -78,7 +80,7 @@ def kernel_name(model) -> str:
     """Which linear the fast path runs for this model here, for the keys of cached measurements."""
     weight = next((p for p in model.parameters() if p.dim() == 2), None)
     path = None if weight is None else path_for(weight)
-    return f"row-exact-{path}" if path else "F.linear"
+    return f"row-exact-{path}-v{KERNEL_VERSION}" if path else "F.linear"
 
 
 class RowLinear(nn.Linear):

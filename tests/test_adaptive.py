@@ -425,3 +425,31 @@ def test_a_tree_gets_room_only_where_every_size_up_to_it_is_cheap_as_a_tree():
     k.observe(1, drafted=1, accepted=0, draft_s=0.002, verify_s=0.030, verify_size=3, tree=True)
     assert curve.seconds[3] == 0.020  # the chain's figure is not the tree's
     assert curve.widest_at_cost(2, limit=32) == 2  # a three-node tree costs 1.5 chains of two
+
+
+def test_a_tree_size_never_timed_is_priced_like_the_trees_that_were():
+    """A flat chain curve (a verify of two to five tokens costs one step) and a three-node tree timed
+    at 1.5 of its chain: a chain of three would otherwise buy four- and five-node trees at the chain's
+    figure, and each such size would cost a losing round before its own timing said so."""
+    curve = curve_of({1: 0.020, 2: 0.020, 3: 0.020, 4: 0.0203, 5: 0.0205})
+    assert curve.widest_at_cost(3, limit=32) == 5  # nothing timed as a tree yet: the chain's figures
+    curve.observe_tree(3, 0.030)
+    assert curve.tree_price(4) == pytest.approx(0.0203 * 1.5)
+    assert curve.widest_at_cost(3, limit=32) == 3
+    curve.observe_tree(4, 0.0204)  # a tree of four timed cheap after all: its own figure counts
+    assert curve.widest_at_cost(3, limit=32) == 4
+
+
+def test_padding_a_verify_gives_a_tree_no_room():
+    """t(2) dear and t(5) cheap: a round drafting one token verifies five rows, padded. The padding
+    rows are free on the chain's path only; a tree runs its own (on a compiled CPU runner, the
+    uncompiled forward at 1.5 chains), so padding turned every such round into a dear tree round,
+    trees on or off. Trees of three or four nodes cost what a chain of three or four does here."""
+    curve = curve_of({1: 0.020, 2: 0.023, 3: 0.023, 4: 0.023, 5: 0.021})
+    for trees in (False, True):
+        planner = DraftPlanner([(Drafter(), KController(SpeculationSettings(trees=trees), curve))], curve)
+        plan = planner._plan(planner.members[0], 1, None, limit=16)
+        assert (plan.verify_size, plan.tree_size) == (5, 2), trees
+    curve = curve_of({1: 0.020, 2: 0.020, 3: 0.020, 4: 0.020, 5: 0.020})
+    planner = DraftPlanner([(Drafter(), KController(SpeculationSettings(), curve))], curve)
+    assert planner._plan(planner.members[0], 1, None, limit=16).tree_size == 5  # where trees are free

@@ -258,9 +258,11 @@ class DraftPlanner:
             return Plan(None, None, 0, None, 1)
         adaptive = controller.speculation.adaptive
         size = self.curve.padded_size(k + 1, limit=limit + 1) if adaptive else k + 1
-        tree_size = size
+        # Room for a tree only where trees are on and priced as trees: padding rows are free on the
+        # chain's path, not on a tree's (the uncompiled forward on a CPU), so a padded size is no room.
+        tree_size = k + 1
         if controller.speculation.trees:  # a tree adds no emitted depth: only the cache must hold it
-            tree_size = max(size, self.curve.widest_at_cost(k + 1, limit=MAX_TREE_SIZE))
+            tree_size = self.curve.widest_at_cost(k + 1, limit=MAX_TREE_SIZE)
         return Plan(drafter, controller, k, condition, size, tree_size)
 
     def _plan_among(self, context: list[int], limit: int) -> Plan:

@@ -92,9 +92,9 @@ class VerifyCostCurve:
     def widest_at_cost(self, n: int, limit: int, slack: float = 0.03) -> int:
         """How wide a token tree may grow for free: the largest size m up to `limit` such that a tree
         of every size from n + 1 to m costs at most (1 + slack) times the cheapest way to verify n
-        tokens. Every size up to m, because a tree granted room for m may hold fewer nodes; priced as
-        a tree where tree verifies were timed, else at the chain's figure. (Granting by the largest
-        cheap size alone, a stale t(5) kept buying three-node trees whose own verify cost 1.3 chains.)"""
+        tokens. Every size up to m, because a tree granted room for m may hold fewer nodes. (Granting by
+        the largest cheap size alone, a stale t(5) kept buying three-node trees whose own verify cost
+        1.3 chains.)"""
         price = self.estimate(n)
         if price is None:
             return n
@@ -102,10 +102,23 @@ class VerifyCostCurve:
         for m in sorted(set(self.seconds) | set(self.tree_seconds)):  # measured sizes only
             if m <= n:
                 continue
-            if m > limit or self.tree_seconds.get(m, self.seconds.get(m)) > (1 + slack) * price:
+            if m > limit or self.tree_price(m) > (1 + slack) * price:
                 break
             widest = m
         return widest
+
+    def tree_price(self, m: int) -> float:
+        """A tree verify of m nodes: its own timing, else the chain's figure times the dearest ratio a
+        timed tree size showed. (On a compiled CPU runner a tree runs the uncompiled forward, 1.5
+        chains there; priced at the chain's figure, every size not yet timed as a tree cost one
+        losing round to find out.)"""
+        if m in self.tree_seconds:
+            return self.tree_seconds[m]
+        chain = self.seconds[m]
+        ratios = [
+            seconds / self.seconds[s] for s, seconds in self.tree_seconds.items() if self.seconds.get(s)
+        ]
+        return chain * max([1.0, *ratios])
 
     def estimate(self, n: int) -> float | None:
         """t(n), kept physically sane so that one noisy measurement cannot mislead adaptive K: never

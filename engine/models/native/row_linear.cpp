@@ -97,6 +97,7 @@ template <int R, int C>
 __attribute__((target(ROWLIN_AVX2))) inline void block256(const float* x, const float* w, const float* bias,
                                                          int64_t k, int64_t n, int64_t r, int64_t i, float* out,
                                                          int64_t ahead) {
+  if (r + R + ahead > n) ahead = 0;  // the matrix's last rows: nothing past them to ask for
   __m256 acc[R][C];
   for (int a = 0; a < R; ++a)
     for (int c = 0; c < C; ++c) acc[a][c] = _mm256_setzero_ps();
@@ -104,7 +105,7 @@ __attribute__((target(ROWLIN_AVX2))) inline void block256(const float* x, const 
   for (; j + 8 <= k; j += 8) {
     __m256 xv[C];
     for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(x + (i + c) * k + j);
-    if (ahead && (j & 15) == 0)  // one 64-byte line is 16 floats; past the matrix's end it is a no-op
+    if (ahead && (j & 15) == 0)  // one 64-byte line is 16 floats
       for (int a = 0; a < R; ++a) _mm_prefetch(reinterpret_cast<const char*>(w + (r + a + ahead) * k + j), _MM_HINT_T0);
     for (int a = 0; a < R; ++a) {
       const __m256 wv = _mm256_loadu_ps(w + (r + a) * k + j);

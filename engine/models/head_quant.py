@@ -74,7 +74,7 @@ def quantized_if_agrees(head: DraftHead, target) -> tuple[DraftHead, str]:
         quant_check.write_cache_entry(key, {"kernel": KERNEL, "agreement": round(cached, 4)})
     if cached < MIN_AGREEMENT:
         return head, (
-            f"Draft head in float32: with an 8-bit LM head it agreed with itself on {cached:.0%} of the check's "
+            f"Draft head in {dtype_name(head)}: with an 8-bit LM head it agreed with itself on {cached:.0%} of the check's "
             f"tokens here (needs {MIN_AGREEMENT:.0%})."
         )
     if quantized is None:

@@ -299,19 +299,22 @@ def builtin_engine(builtin_model):
 
 
 @pytest.mark.parametrize(
-    "question", ["Explain how a rainbow forms.", "Write a Python function that adds two numbers."]
+    "question, k",
+    [("Explain how a rainbow forms.", 4), ("Write a Python function that adds two numbers.", None)],
 )
-def test_greedy_output_with_the_shipped_head_is_the_targets(builtin_engine, question):
+def test_greedy_output_with_the_shipped_head_is_the_targets(builtin_engine, question, k):
+    """At a fixed K, and adaptive, where the head stops each draft by its own confidence."""
     engine = builtin_engine
     messages = [{"role": "user", "content": question}]
     engine.sampling = SamplingSettings(max_new_tokens=48)
     engine.speculation = SpeculationSettings(drafter="none")
     engine.reset()
     alone = engine.respond(messages)
-    engine.speculation = SpeculationSettings(drafter="head", k=4)
+    engine.speculation = SpeculationSettings(drafter="head", k=k)
     engine.reset()
     with_head = engine.respond(messages)
     assert with_head.token_ids == alone.token_ids
+    assert (engine._head_drafter().stop_rule is not None) == (k is None)
     assert with_head.stats.drafter == "head"
     training = json.loads((shipped_head_folder(engine.target.name) / "config.json").read_text())["training"]
     assert engine._head_drafter().acceptance_prior == tuple(training["final_top1_by_step"][:2])

@@ -13,6 +13,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from engine.decoding.acceptance import AcceptanceModel
+from engine.decoding.confidence import ConfidenceCalibration, StopRule
 from engine.decoding.drafters.base import Drafter, Lookahead
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.settings import SpeculationSettings
@@ -64,6 +65,11 @@ class KController:
         self.acceptance = acceptance or AcceptanceModel()
         self.draft_step_s: float | None = None
         self.plain = False  # the last choice: speculation expected slower than the target alone
+        # for a drafter that stops by its own confidence: what each confidence is worth, and the
+        # (decayed) share of drafting rounds it stopped before the first token, each a plain step plus
+        # one draft step
+        self.calibration = ConfidenceCalibration()
+        self.empty_share = 0.0
         self._probe_interval, self._since_probe, self._probing = probe_every, 0, False
 
     @property
@@ -95,13 +101,22 @@ class KController:
             return None, 0.0, plain_rate or 0.0
         conditional = self.acceptance.conditional(condition, self.optimism)
         best_k, best_rate, tokens, survive = None, 0.0, 1.0, 1.0
+        empty, empty_cost = self.empty_share, self.curve.estimate(1) + self.draft_step_s
         for k in range(1, cap + 1):  # E(k) built up position by position
             survive *= conditional[k - 1] if k - 1 < len(conditional) else 0.0
             tokens += survive
-            rate = tokens / (self.curve.estimate(k + 1) + k * self.draft_step_s)
+            cost = self.curve.estimate(k + 1) + k * self.draft_step_s
+            rate = ((1 - empty) * tokens + empty) / ((1 - empty) * cost + empty * empty_cost)
             if best_k is None or rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate, plain_rate
+
+    def stop_rule(self, k: int) -> StopRule | None:
+        """The confidence stop for a round of at most k draft tokens; None before anything is measured."""
+        costs = [self.curve.estimate(n) for n in range(1, k + 3)]
+        if self.draft_step_s is None or any(cost is None for cost in costs):
+            return None
+        return StopRule(self.calibration, costs, self.draft_step_s)
 
     def start_reply(self) -> None:
         if not self.speculation.adaptive:
@@ -145,6 +160,8 @@ class KController:
             self.curve.observe_tree(verify_size or drafted + 1, verify_s)
         else:
             self.curve.observe(verify_size or drafted + 1, verify_s)
+        if k > 0:
+            self.empty_share = 0.95 * self.empty_share + (0.05 if drafted == 0 else 0.0)
         if drafted == 0:
             return
         if self._probing:
@@ -234,6 +251,8 @@ class DraftPlanner:
         if plan.controller is None or plan.k == 0:
             self.curve.observe(result.verify_size, result.verify_s)
             return
+        if plan.drafter.confidence_stops and plan.drafter.stop_rule is not None and not result.tree_nodes:
+            plan.controller.calibration.observe(plan.drafter.last_confidences, result.num_accepted)
         plan.controller.observe(
             plan.k, result.drafted, result.num_accepted, result.draft_s - result.catch_up_s,
             result.verify_s, plan.condition, result.verify_size, tree=result.tree_nodes > 0,
@@ -257,12 +276,19 @@ class DraftPlanner:
         if k <= 0:
             return Plan(None, None, 0, None, 1)
         adaptive = controller.speculation.adaptive
-        size = self.curve.padded_size(k + 1, limit=limit + 1) if adaptive else k + 1
         # Room for a tree only where trees are on and priced as trees: padding rows are free on the
         # chain's path, not on a tree's (the uncompiled forward on a CPU), so a padded size is no room.
         tree_size = k + 1
         if controller.speculation.trees:  # a tree adds no emitted depth: only the cache must hold it
             tree_size = self.curve.widest_at_cost(k + 1, limit=MAX_TREE_SIZE)
+        if drafter.confidence_stops:
+            # the drafter stops token by token where its confidence says to; K is only the most it may draft
+            rule = (
+                controller.stop_rule(max(k, min(limit, controller.speculation.max_k))) if adaptive else None
+            )
+            drafter.stop_rule = rule
+            k = len(rule.verify_s) - 2 if rule is not None else k
+        size = self.curve.padded_size(k + 1, limit=limit + 1) if adaptive else k + 1
         return Plan(drafter, controller, k, condition, size, tree_size)
 
     def _plan_among(self, context: list[int], limit: int) -> Plan:

@@ -95,11 +95,12 @@ def speculative_round(
             drafter.update([])
         raise Cancelled
 
-    # 2a. A token tree: the draft plus the drafter's other candidates, where the plan gives room.
+    # 2a. A token tree: the draft plus the drafter's other candidates, where the plan gives room (it
+    #     priced a chain of k: a drafter that stopped short of k gets no room from it).
     drafted = len(draft)
     if (
         drafting
-        and drafted
+        and drafted == k
         and tree_size
         and tree_size > drafted + 1
         and getattr(target, "supports_trees", False)
@@ -339,8 +340,9 @@ def rollback_target_to_context(target: ModelRunner, context: list[int]) -> None:
 
 def record_round(stats: GenerationStats, planner: DraftPlanner, plan: Plan, result: RoundResult) -> None:
     stats.rounds += 1
-    stats.current_k = plan.k
-    stats.k_history.append(plan.k)
+    # the tokens really drafted: a drafter that stops by its own confidence drafts up to plan.k
+    stats.current_k = min(plan.k, result.drafted)
+    stats.k_history.append(stats.current_k)
     stats.drafter_history.append(plan.drafter_name)
     stats.drafted += result.drafted
     stats.accepted += result.num_accepted

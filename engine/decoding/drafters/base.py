@@ -54,6 +54,12 @@ class Drafter:
     # and of each later one once the one before was kept (None: AcceptanceModel's defaults, which suit
     # lookup drafters, right for many tokens or wrong at the first)
     acceptance_prior: tuple[float, float] | None = None
+    # a drafter that stops each proposal where its own confidence says the next token would not pay
+    # (engine.decoding.confidence): adaptive K sets `stop_rule` before each round and reads back
+    # `last_confidences`, the top probability behind each token proposed
+    confidence_stops = False
+    stop_rule = None
+    last_confidences: list[float] = []
 
     def begin(
         self, sampling: SamplingSettings, generator: torch.Generator | None, cancel=None, p_min=0.0

@@ -29,6 +29,7 @@ MAX_PENDING_ROWS = 256
 
 class HeadDrafter(Drafter):
     has_model = True
+    confidence_stops = True
 
     def __init__(
         self,
@@ -102,20 +103,25 @@ class HeadDrafter(Drafter):
         position = len(context) - 2  # the entry that scores the first draft token
         k = min(k, self.context_length - 1 - position)
         if self._last is None or self._last[0] != position or self.tokens != list(context) or k <= 0:
-            self._drafted = 0
+            self._drafted, self.last_confidences = 0, []
             return empty_draft(self.target_vocab_size, self.device)
         out = self._last[1]  # [C]
         logits = self.head.logits(out)  # [N]
-        tokens, probs, runners_up = [], [], []
+        tokens, probs, runners_up, confidences = [], [], [], []
+        stop = self.stop_rule
         for i in range(k):
-            if self.p_min > 0 and self._confidence(logits) < self.p_min:
-                break
+            greedy = self.sampling.greedy
+            draft_probs = None if greedy else probs_from_logits(logits.float(), self.sampling)  # [N]
+            if self.p_min > 0 or stop is not None:
+                confidence = self._confidence(logits, draft_probs)
+                if confidence < self.p_min or (stop is not None and not stop.keep(i, confidence)):
+                    break
+                confidences.append(confidence)
             best_two = self.draft_ids[logits.topk(2).indices]  # [2]: the first and second choice
             runners_up.append(best_two)
-            if self.sampling.greedy:
+            if greedy:
                 token = best_two[0]  # []
             else:
-                draft_probs = probs_from_logits(logits.float(), self.sampling)  # [N]
                 full = torch.zeros(self.target_vocab_size, device=self.device)  # [V], zero outside the N ids
                 full[self.draft_ids] = draft_probs
                 if self.noise is not None:  # seeded: the race the target samples this index with
@@ -126,11 +132,14 @@ class HeadDrafter(Drafter):
                     token = self.draft_ids[sample(draft_probs, self.generator)]
                 probs.append(full)
             tokens.append(token)
-            if i + 1 < k:
+            if i + 1 < k and (stop is None or stop.go_on(i)):
                 self._check_cancel()
                 out = self._step(out.view(1, -1), token.view(1), position + 1 + i)[-1]
                 logits = self.head.logits(out)
+            else:
+                break
         self._drafted = len(tokens)
+        self.last_confidences = confidences
         self._runners_up = runners_up
         if not tokens:
             return empty_draft(self.target_vocab_size, self.device)
@@ -204,12 +213,9 @@ class HeadDrafter(Drafter):
         attended = self.head.attend(q, self.k_cache[:, :, :window], self.v_cache[:, :, :window], mask[None])
         return self.head.finish(attended, residual)[0]
 
-    def _confidence(self, logits: Tensor) -> float:
-        probs = (
-            logits.float().softmax(-1)
-            if self.sampling.greedy
-            else probs_from_logits(logits.float(), self.sampling)
-        )
+    def _confidence(self, logits: Tensor, draft_probs: Tensor | None) -> float:
+        """The top probability of the distribution the token is drawn from (T = 1 when greedy)."""
+        probs = logits.float().softmax(-1) if draft_probs is None else draft_probs
         return float(probs.max())
 
     def _check_cancel(self) -> None:

@@ -9,10 +9,8 @@ from scipy.stats import chisquare
 from engine.decoding.confidence import ConfidenceCalibration, StopRule
 from engine.decoding.drafters.head import HeadDrafter
 from engine.decoding.sampling import accept_reject
-from engine.runtime.eager import ModelRunner
-from engine.settings import SamplingSettings
-from tests.conftest import build_tiny_llama
-from tests.test_head import random_head
+from tests.test_head import V_SMALL as V
+from tests.test_head import sampling_setup
 
 FLAT = [0.030, 0.031, 0.032, 0.033, 0.034, 0.035]  # t(1)..t(6): a CPU whose verify of 2-6 costs ~1 step
 STEEP = [0.030, 0.060, 0.090, 0.120, 0.150, 0.180]  # each verified token costs a whole step
@@ -63,8 +61,6 @@ def test_a_draft_step_dearer_than_what_it_adds_stops_the_draft():
 
 # --- exactness: the emitted tokens follow the target although the draft length varies ----------------
 
-V = 16
-
 
 class DroppingHeadDrafter(HeadDrafter):
     """Negative control: keeps its second token only when that token is its likeliest one, a stop decided
@@ -81,22 +77,9 @@ def emitted_pairs(drafter_class, runs: int, builtin_tokenizer, verify_s=(1.0, 1.
     """`runs` rounds from one context with a head whose stop rule keeps a second token only where the
     head is confident of it. Returns the first two tokens emitted (the second drawn from the target
     alone when the round emitted one), the target's exact marginals for them, and the draft lengths."""
-    model = build_tiny_llama(builtin_tokenizer, seed=4, layers=2, vocab_size=V)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(0.25)
-    head = random_head(model, 8, seed=5, scale=2.0)
-    drafter = drafter_class(head, model.get_input_embeddings(), V, ModelRunner(model).context_length)
-    drafter.begin(SamplingSettings(temperature=0.7), torch.Generator().manual_seed(1))
-    context = [3, 9, 1, 12]
-
-    def target_probs(ids):  # [V] at T = 0.7
-        with torch.no_grad():
-            return (model(input_ids=torch.tensor([ids])).logits[0, -1] / 0.7).softmax(-1)
-
-    with torch.no_grad():
-        features = model(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states[-1][0]
-    first = target_probs(context)
-    after = {d: target_probs(context + [d]) for d in range(V)}
+    setup = sampling_setup(drafter_class, builtin_tokenizer)
+    drafter, context, features = setup.drafter, setup.context, setup.features
+    first, after = setup.first, setup.after
     after2 = {}
     generator = torch.Generator().manual_seed(2)
     pairs, lengths = [], []
@@ -111,7 +94,7 @@ def emitted_pairs(drafter_class, runs: int, builtin_tokenizer, verify_s=(1.0, 1.
         rows = [first] + [after[tokens[0]]]
         if len(tokens) == 2:
             if tuple(tokens) not in after2:
-                after2[tuple(tokens)] = target_probs(context + tokens)
+                after2[tuple(tokens)] = setup.target_probs(context + tokens)
             rows.append(after2[tuple(tokens)])
         accepted, next_token = accept_reject(
             draft.tokens[None], draft.probs[None], torch.stack(rows[: len(tokens) + 1])[None], generator

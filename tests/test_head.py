@@ -4,6 +4,8 @@ the shipped head, and losslessness (greedy equality, distribution at T = 0.7).""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -336,21 +338,29 @@ class MisreportingHeadDrafter(HeadDrafter):
         return draft
 
 
-def emitted_tokens(drafter_class, runs: int, builtin_tokenizer):
-    """`runs` rounds of K=2 from one context: the head drafts (it reads the target's features), the
-    target verifies with accept_reject. Returns the first and second emitted tokens and the target's
-    exact distributions for them."""
-    from engine.decoding.sampling import accept_reject
+@dataclass
+class SamplingSetup:
+    """A 16-token target softer than the default scale (many tokens have mass), a head drafting over 8
+    of its ids, one context with the target's features, and the target's T = 0.7 distributions: after
+    the context (`first`) and after each one-token continuation of it (`after`)."""
+
+    drafter: HeadDrafter
+    context: list[int]
+    features: torch.Tensor
+    first: torch.Tensor
+    after: dict[int, torch.Tensor]
+    target_probs: Callable[[list[int]], torch.Tensor]
+
+
+def sampling_setup(drafter_class, builtin_tokenizer) -> SamplingSetup:
     from tests.conftest import build_tiny_llama
 
     model = build_tiny_llama(builtin_tokenizer, seed=4, layers=2, vocab_size=V_SMALL)
     with torch.no_grad():
-        model.lm_head.weight.mul_(0.25)  # softer than the default scale: many tokens have mass
+        model.lm_head.weight.mul_(0.25)
     head = random_head(model, 8, seed=5, scale=2.0)
-    runner = ModelRunner(model)
-    drafter = drafter_class(head, model.get_input_embeddings(), V_SMALL, runner.context_length)
-    sampling = SamplingSettings(temperature=0.7)
-    drafter.begin(sampling, torch.Generator().manual_seed(1))
+    drafter = drafter_class(head, model.get_input_embeddings(), V_SMALL, ModelRunner(model).context_length)
+    drafter.begin(SamplingSettings(temperature=0.7), torch.Generator().manual_seed(1))
     context = [3, 9, 1, 12]
 
     def target_probs(ids):  # [V] at T = 0.7
@@ -359,8 +369,20 @@ def emitted_tokens(drafter_class, runs: int, builtin_tokenizer):
 
     with torch.no_grad():
         features = model(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states[-1][0]
-    first = target_probs(context)
     after = {d: target_probs(context + [d]) for d in range(V_SMALL)}
+    return SamplingSetup(drafter, context, features, target_probs(context), after, target_probs)
+
+
+def emitted_tokens(drafter_class, runs: int, builtin_tokenizer):
+    """`runs` rounds of K=2 from one context: the head drafts (it reads the target's features), the
+    target verifies with accept_reject. Returns the first and second emitted tokens and the target's
+    exact distributions for them."""
+    from engine.decoding.sampling import accept_reject
+
+    setup = sampling_setup(drafter_class, builtin_tokenizer)
+    drafter, context, features = setup.drafter, setup.context, setup.features
+    first, after = setup.first, setup.after
+    target_probs = setup.target_probs
     after2 = {}
     tokens, probs, verify = [], [], []
     for _ in range(runs):

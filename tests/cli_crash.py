@@ -83,7 +83,12 @@ def run_once(
     command += ["--max-new-tokens", "6000", "--message", prompt]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     errors = (folder / f"cli-{seed}.stderr").open("wb")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, env=env, cwd=folder)
+    # Ctrl+C as a terminal sends it: a run started from a background job inherits SIGINT ignored, and
+    # Python never installs its KeyboardInterrupt handler then
+    restore = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sig == signal.SIGINT else None
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=errors, env=env, cwd=folder, preexec_fn=restore
+    )
     arrivals: list[tuple[float, bytes]] = []
     reader = threading.Thread(target=_reader, args=(process.stdout, arrivals), daemon=True)
     reader.start()

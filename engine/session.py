@@ -29,7 +29,7 @@ from engine.errors import ContextOverflowError
 from engine.events import Event, Failed, Finished
 from engine.models.chat_template import chat_prompt_ids
 from engine.models.loaded import LoadedModel
-from engine.models.quantize import no_drafting_note, rounds_activations
+from engine.models.quantize import no_drafting_note
 from engine.runtime.fastpath import make_runner
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
@@ -316,7 +316,7 @@ class ChatEngine:
 
     def _compiled_capture(self) -> tuple[int, ...]:
         """The features the compiled forward always returns: the layers a fitting draft head reads."""
-        if rounds_activations(self.target):  # nothing drafts for it, the head included
+        if no_drafting_note(self.target, self._runner):  # nothing drafts for it, the head included
             return ()
         head = self._fitting_head()
         return tuple(head.wants_hidden) if head is not None else ()
@@ -375,7 +375,7 @@ class ChatEngine:
 
     def _choose_drafter(self, speculation: SpeculationSettings) -> tuple[Drafter, str]:
         kind, note = speculation.drafter, ""
-        if kind != "none" and (note := no_drafting_note(self.target)):
+        if kind != "none" and (note := no_drafting_note(self.target, self._runner)):
             return NoDrafter(self._runner.vocab_size, self._runner.device), note
         if kind == "model" and self._model_drafter is None:
             kind, note = "ngram", "No draft model is loaded, so drafting uses n-gram lookup."

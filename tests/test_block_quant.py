@@ -121,28 +121,92 @@ def test_the_compiled_forward_calls_the_kernel_and_gives_the_eager_tokens(monkey
     assert greedy(compiled, PROMPT) == greedy(eager, PROMPT)
 
 
-def test_a_target_that_rounds_activations_runs_alone_and_says_why(make_tiny):
-    """A verify forward and a one-token step could round an activation differently; drafting would
-    then not be exact, so the engine does not draft for such a target."""
+NEW = [40, 8, 311, 77, 150]
+
+
+def verify_and_steps(runner, new: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of one verify forward over `new` after PROMPT, and of one-token steps over the same tokens."""
+    runner.reset()
+    runner.prefill(PROMPT)
+    start = runner.cache_length
+    together = runner.forward(new).clone()
+    runner.rollback(start)
+    alone = torch.stack([runner.forward([token]).clone()[0] for token in new])
+    return together, alone
+
+
+def test_verify_rows_of_a_block_quantized_target_are_its_one_token_steps_bit_for_bit(builtin_tokenizer):
+    """Activations rounded to integers turn a verify forward's tiny float differences into other
+    tokens; row-by-row attention keeps every row the one-token step's own result."""
+    runner = FastRunner(tiny_quantized("int4-block-q4_1", builtin_tokenizer), compiled="off")
+    assert runner.exact_verify and not runner.supports_trees
+    for n in (2, 3, 5):
+        together, alone = verify_and_steps(runner, NEW[:n])
+        assert torch.equal(together, alone), n
+    runner.exact_verify = False  # the negative control: one masked attention call for all rows
+    together, alone = verify_and_steps(runner, NEW)
+    assert not torch.equal(together, alone)
+    assert not FastRunner(
+        tiny_quantized("int8-dynamic-plain", builtin_tokenizer), compiled="off"
+    ).exact_verify
+
+
+def test_compiled_verify_sizes_pad_to_a_built_graph_and_cap_the_draft(monkeypatch, builtin_tokenizer):
+    model = tiny_quantized("int4-block-q4_1", builtin_tokenizer)
+    monkeypatch.delenv("TANDEM_COMPILE", raising=False)  # the suite's default is off
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch,
+        "compile",
+        lambda module, **kwargs: real_compile(module, backend="aot_eager", dynamic=True, fullgraph=True),
+    )
+    runner = FastRunner(model, compiled="auto", prefill_chunk=8, verify_sizes=(3,), dynamic_shapes=True)
+    runner.warm_up()
+    assert runner.is_compiled, runner.notice
+    assert runner.exact_sizes == [3] and runner.verify_limit == 3
+    for n in (2, 3):  # 2 runs in the 3-token graph, its padding row after the real ones
+        together, alone = verify_and_steps(runner, NEW[:n])
+        assert torch.equal(together, alone), n
+
+
+def block_quantized_target(make_tiny, kernel: str):
     from engine.models.loaded import LoadedModel
+
+    tiny = make_tiny(seed=4, hidden=128)
+    model = qk.KERNELS[kernel].build(tiny.model)
+    return LoadedModel(
+        tiny.spec, model, tiny.tokenizer, tiny.device, tiny.dtype, "int4", info={"kernel": kernel}
+    )
+
+
+def test_a_block_quantized_target_drafts_and_gives_its_own_greedy_tokens(make_tiny):
+    from engine.session import ChatEngine
+    from engine.settings import SamplingSettings, SpeculationSettings
+
+    target = block_quantized_target(make_tiny, "int4-block-q4_1")
+    sampling = SamplingSettings(temperature=0.0, max_new_tokens=40)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8]  # a repeat the n-gram drafter drafts from
+    fixed_k = SpeculationSettings(drafter="ngram", k=4)
+    drafting = ChatEngine(target, None, speculation=fixed_k, sampling=sampling, compiled="off")
+    plain = ChatEngine(
+        target, None, speculation=SpeculationSettings(drafter="none"), sampling=sampling, compiled="off"
+    )
+    finished = drafting.generate_ids(prompt)
+    assert finished.stats.drafted > 0 and "rounds activations" not in finished.stats.note
+    assert finished.token_ids == plain.generate_ids(prompt).token_ids
+
+
+def test_a_target_whose_verify_rows_round_apart_runs_alone_and_says_why(make_tiny):
+    """torch.ao's dynamic INT8 rounds activations and is not row-exact: a verify forward and a
+    one-token step could pick different tokens, so nothing is drafted for such a target."""
     from engine.session import ChatEngine
     from engine.settings import SpeculationSettings
 
-    tiny = make_tiny(seed=4, hidden=128)
-    model = qk.KERNELS["int4-block-q4_1"].build(tiny.model)
-    target = LoadedModel(
-        tiny.spec, model, tiny.tokenizer, tiny.device, tiny.dtype, "int4", info={"kernel": "int4-block-q4_1"}
-    )
+    target = block_quantized_target(make_tiny, "int8-dynamic-plain")
     engine = ChatEngine(target, None, speculation=SpeculationSettings(drafter="ngram", k=4), compiled="off")
-    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8]  # a repeat the n-gram drafter would draft from
-    finished = engine.generate_ids(prompt)
+    finished = engine.generate_ids([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8])
     assert finished.stats.drafted == 0 and finished.stats.generated_tokens > 0
-    assert "rounds activations" in finished.stats.note and "int4-block-q4_1" in finished.stats.note
-    plain = LoadedModel(tiny.spec, tiny.model, tiny.tokenizer, tiny.device, tiny.dtype)  # not quantized
-    float_engine = ChatEngine(
-        plain, None, speculation=SpeculationSettings(drafter="ngram", k=4), compiled="off"
-    )
-    assert "rounds activations" not in float_engine.generate_ids(prompt).stats.note
+    assert "rounds activations" in finished.stats.note and "int8-dynamic-plain" in finished.stats.note
 
 
 def test_no_draft_model_is_loaded_for_a_target_that_rounds_activations(builtin_folder):

@@ -192,10 +192,6 @@ def print_kernel_notes(target, draft) -> None:
     for role, loaded in (("Target", target), ("Draft", draft)):
         if loaded is not None and loaded.info.get("kernel"):
             print(f"{role} ({loaded.info['precision']}): {loaded.info['quantization_note']}", file=sys.stderr)
-    from engine.models.quantize import no_drafting_note
-
-    if note := no_drafting_note(target):
-        print(note, file=sys.stderr)
 
 
 SAVE_RETRY_S = 5.0  # how often a reply that could not be saved (full disk) is saved again

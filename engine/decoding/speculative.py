@@ -308,7 +308,10 @@ def generate(
         budget = min(sampling.max_new_tokens - stats.generated_tokens, target.context_length - len(context))
         if budget <= 0:
             return finish("max_tokens")
-        plan = Plan(None, None, 0) if plain_only else planner.plan(context, limit=budget - 1)
+        # a runner may verify at most so many tokens at once (FastRunner.verify_limit)
+        most = getattr(target, "verify_limit", None)
+        limit = budget - 1 if most is None else min(budget, most) - 1
+        plan = Plan(None, None, 0) if plain_only else planner.plan(context, limit=limit)
         try:
             result = speculative_round(
                 target, plan.drafter, context, plan.k, sampling, generator, cancel,

@@ -34,7 +34,7 @@ def load_pair(
         return target, None
     from engine.models.quantize import rounds_activations
 
-    if rounds_activations(target):  # nothing is drafted for such a target (ChatEngine says why)
+    if rounds_activations(target):  # an 8-bit copy of a target that is already quantized saves nothing
         return target, None
     draft_device = draft_device or device
     source = target_spec if draft_spec is None else draft_spec

@@ -105,14 +105,17 @@ def rounds_activations(loaded) -> bool:
     return loaded.quantization != "none" and kernel is not None and kernel.rounds_activations
 
 
-def no_drafting_note(loaded) -> str:
-    """Why nothing is drafted for this target (its kernel rounds activations), or "" when drafting is exact."""
-    if not rounds_activations(loaded):
+def no_drafting_note(loaded, runner=None) -> str:
+    """Why nothing is drafted for this target (its kernel rounds activations), or "" when drafting is
+    exact: on a float target, or where `runner`'s verify rows round as its one-token steps do
+    (FastRunner.exact_verify, engine.runtime.attention)."""
+    if not rounds_activations(loaded) or getattr(runner, "exact_verify", False):
         return ""
     return (
         f"No drafting on this target: its kernel ({loaded.info['kernel']}) rounds activations to integers "
         "on each call, so checking several drafted tokens at once could pick a different token than one "
-        "step would. It runs alone; fp32 and bf16 targets keep drafting exact."
+        "step would. It runs alone; on the fast path block-quantized targets (and fp32 and bf16 ones) "
+        "keep drafting exact."
     )
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.memory import cache_tokens_for
+from engine.runtime.attention import EXACT_ROWS
 from engine.runtime.eager import ModelRunner
 from engine.runtime.protocol import Runner
 from engine.runtime.static_forward import FastLlama, causal_mask, unsupported_reason
@@ -89,6 +90,16 @@ class FastRunner(ModelRunner):
         # CPU: one graph for every length, weights as inputs (inductor's cache then holds it across
         # starts); CUDA: one graph per size, as CUDA graphs need
         self.dynamic_shapes = self.device.type != "cuda" if dynamic_shapes is None else dynamic_shapes
+        # Layers that round activations to integers (block-quantized): a verify forward's rows must
+        # then round exactly as one-token steps do, or drafting would not be exact. Each row attends
+        # in its own call (engine.runtime.attention), and a compiled forward runs each verify size as
+        # a graph of its own: sizes not built are padded to the next built one, so `verify_limit`
+        # caps K. Trees attend under a mask, so they are off.
+        self.exact_verify = (
+            self.device.type == "cpu" and self.dynamic_shapes and _rounds_activations_row_exactly(self.fast)
+        )
+        if self.exact_verify:
+            self.supports_trees = False
         if compiled not in ("auto", "off"):
             raise ValueError(f"compiled must be 'auto' or 'off', not {compiled!r}")
         if os.environ.get("TANDEM_COMPILE", "").lower() == "off":
@@ -121,7 +132,8 @@ class FastRunner(ModelRunner):
         ids = self._as_ids(new_ids)
         self._begin_capture()
         rows = [
-            self._forward_ids(ids[s : s + self._chunk_size]) for s in range(0, ids.numel(), self._chunk_size)
+            self._forward_ids(ids[s : s + self._chunk_size], verify=True)
+            for s in range(0, ids.numel(), self._chunk_size)
         ]
         self._end_capture()
         return rows[0] if len(rows) == 1 else torch.cat(rows)
@@ -229,25 +241,29 @@ class FastRunner(ModelRunner):
 
     def _build(self, module, sizes, progress, captures) -> bool:
         """Calls `module` once per graph to compile; with dynamic shapes that is two graphs per
-        capture (one token, several tokens), whatever `sizes` says."""
+        capture (one token, several tokens), whatever `sizes` says, plus one per verify size where
+        verify rows must round as one-token steps do (`exact_verify`)."""
         sizes = sorted(set(sizes or self.compiled_sizes))
         self.compiled_sizes = sorted({*self.compiled_sizes, *sizes})
+        shapes = [(n, False) for n in sizes]
         if self.dynamic_shapes:
-            sizes = [1, 2]
+            shapes = [(1, False), (2, False)]
+        if self.exact_verify:
+            shapes += [(n, True) for n in self.exact_sizes]
         if captures is None:
             captures = [self.capture_hidden or self.compiled_capture]
         captures = list(dict.fromkeys(tuple(c) for c in captures))
-        shapes = [(n, capture) for capture in captures for n in sizes]
-        for done, (n, capture) in enumerate(shapes):
+        shapes = [(n, exact, capture) for capture in captures for n, exact in shapes]
+        for done, (n, exact, capture) in enumerate(shapes):
             if progress:
                 progress("optimizing for this machine", done, len(shapes))
-            if not self._warm_one(module, n, capture):
+            if not self._warm_one(module, n, capture, exact):
                 return False
         if progress:
             progress("optimizing for this machine", len(shapes), len(shapes))
         return True
 
-    def _warm_one(self, module, n: int, capture: tuple[int, ...]) -> bool:
+    def _warm_one(self, module, n: int, capture: tuple[int, ...], exact_rows: bool = False) -> bool:
         """One compiling call at the buffer's last slots, which a conversation reaches last and
         overwrites before it attends to them; skipped once a conversation has reached them."""
         window = self.max_seq_length - (1 if self.dynamic_shapes else 0)
@@ -257,7 +273,7 @@ class FastRunner(ModelRunner):
         begun = time.perf_counter()
         with torch.inference_mode():  # as real forwards run: the graph's guards check it
             ids = torch.zeros(n, dtype=torch.long, device=self.device)
-            if self._call_compiled(module, ids, start, window, capture) is None:
+            if self._call_compiled(module, ids, start, window, capture, exact_rows) is None:
                 return False
         self.compile_seconds.setdefault(n, time.perf_counter() - begun)
         return True
@@ -287,31 +303,39 @@ class FastRunner(ModelRunner):
 
     # Forwards
 
-    def _forward_ids(self, ids: Tensor, last_only: bool = False) -> Tensor:
+    def _forward_ids(self, ids: Tensor, last_only: bool = False, verify: bool = False) -> Tensor:
         """ids: [n] with n <= _chunk_size -> logits [n, V] float32 (last_only: [1, V], the last
-        position's); advances cache_length by n."""
+        position's); advances cache_length by n. verify: a verify forward (not a prompt), whose rows
+        must round as one-token steps do where `exact_verify`."""
         n = ids.numel()
         start = self.cache_length
         assert n >= 1 and start + n <= self.max_seq_length, (start, n, self.max_seq_length)
-        size = self._compiled_size(n, start)
+        exact = verify and self.exact_verify and 1 < n <= EXACT_ROWS
+        size = self._exact_size(n, start) if exact else self._compiled_size(n, start)
         hidden = None
-        if size == n and self.dynamic_shapes:
+        if exact:
+            if size is not None:  # padding rows come after the real rows, which attend row by row
+                hidden = self._run_compiled(F.pad(ids, (0, size - n)), start, start + size, exact_rows=True)
+        elif size == n and self.dynamic_shapes:
             hidden = self._run_compiled(ids, start, window=start + n)
         elif size is not None:
             # One graph per size: it attends over every slot (the mask hides the unwritten ones), and
             # padding writes slots past the end, which are masked until overwritten.
             hidden = self._run_compiled(F.pad(ids, (0, size - n)), start, window=self.max_seq_length)
         if hidden is None:
-            hidden, self._captured = self._call(self.fast, ids, start, start + n, self.capture_hidden)
+            hidden, self._captured = self._call(self.fast, ids, start, start + n, self.capture_hidden, exact)
         logits = self.fast.logits(hidden[n - 1 : n] if last_only else hidden[:n]).float()
         if self.capture_hidden:
             self._captured_pieces.append(self._captured[:n])
         self.cache_length = start + n
         return logits
 
-    def _call(self, module, ids: Tensor, start: int, window: int, capture) -> tuple[Tensor, Tensor | None]:
+    def _call(
+        self, module, ids: Tensor, start: int, window: int, capture, exact_rows: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """One forward of `module` over ids [n] at slots start.. -> (final hidden states [n, C],
-        features); touches no runner state but the KV slots it writes."""
+        features); touches no runner state but the KV slots it writes. exact_rows: the ids are the
+        window's last n slots, and each attends as a one-token step would (engine.runtime.attention)."""
         n = ids.numel()
         input_pos = torch.arange(start, start + n, device=self.device)  # [T]
         # one new token at the end of the window sees all of it: no mask to build or apply
@@ -319,14 +343,16 @@ class FastRunner(ModelRunner):
         capture = tuple(capture)
         if list(capture) != sorted(set(capture)):
             raise ValueError(f"hidden states are captured in layer order, not {capture}")
-        hidden, captured = module(ids.view(1, -1), input_pos, mask, None, window, frozenset(capture))
+        hidden, captured = module(
+            ids.view(1, -1), input_pos, mask, None, window, frozenset(capture), exact_rows=exact_rows
+        )
         return hidden[0], captured  # [T, C]
 
-    def _run_compiled(self, ids: Tensor, start: int, window: int) -> Tensor | None:
+    def _run_compiled(self, ids: Tensor, start: int, window: int, exact_rows: bool = False) -> Tensor | None:
         """The compiled forward's final hidden states (features in `_captured`); None after it
         failed, and the runner is eager from then on."""
         result = self._call_compiled(
-            self._compiled, ids, start, window, self.capture_hidden or self.compiled_capture
+            self._compiled, ids, start, window, self.capture_hidden or self.compiled_capture, exact_rows
         )
         if result is None:
             self._compiled = None
@@ -334,13 +360,13 @@ class FastRunner(ModelRunner):
         hidden, self._captured = result
         return hidden
 
-    def _call_compiled(self, module, ids: Tensor, start: int, window: int, capture):
+    def _call_compiled(self, module, ids: Tensor, start: int, window: int, capture, exact_rows: bool = False):
         """`_call` on a compiled forward -> (hidden states, features), or None when compiling or
         running it failed, which `notice` then says."""
         try:
             if self.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
-            hidden, captured = self._call(module, ids, start, window, capture)
+            hidden, captured = self._call(module, ids, start, window, capture, exact_rows)
         except Exception as error:  # noqa: BLE001 - any failure means: stay eager, and say so
             self.notice = f"Running without compilation: compiling failed ({type(error).__name__}: {error})"
             return None
@@ -368,11 +394,40 @@ class FastRunner(ModelRunner):
             return None
         return size if start + size <= self.max_seq_length else None
 
+    @property
+    def exact_sizes(self) -> list[int]:
+        """Verify sizes a compiled `exact_verify` runner runs row by row, each a graph of its own."""
+        return [n for n in self.compiled_sizes if 1 < n <= EXACT_ROWS and n != self.prefill_chunk]
+
+    @property
+    def verify_limit(self) -> int | None:
+        """The most tokens a verify forward may hold (draft + 1), or None for no limit: a compiled
+        `exact_verify` runner's largest verify graph (a longer one would run eagerly, which rounds
+        apart from the compiled one-token step)."""
+        if not (self.exact_verify and self._compiled is not None):
+            return None
+        return max(self.exact_sizes, default=1)
+
+    def _exact_size(self, n: int, start: int) -> int | None:
+        """The compiled verify graph an `exact_verify` forward of n tokens runs in, or None (eagerly)."""
+        if self._compiled is None:
+            return None
+        size = min((s for s in self.exact_sizes if s >= n), default=None)
+        return size if size is not None and start + size <= self.max_seq_length else None
+
     def _as_ids(self, ids) -> Tensor:
         """[n] long ids; an inference tensor like every other input, or a compiled graph's guards
         (which check autograd's dispatch keys) would fail and compile it again."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).view(-1)
         return ids if ids.is_inference() or not torch.is_inference_mode_enabled() else ids.clone()
+
+
+def _rounds_activations_row_exactly(fast: FastLlama) -> bool:
+    """Whether the forward's layers round activations per row, alike whatever the number of rows
+    (engine.models.block_quant): bit-for-bit verify rows then need row-by-row attention too."""
+    from engine.models.block_quant import BlockQuantLinear
+
+    return any(type(module) is BlockQuantLinear for module in fast.modules())
 
 
 def make_runner(model, device=None, compiled: str = "auto", verify_sizes: Iterable[int] = ()) -> Runner:

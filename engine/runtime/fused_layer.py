@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from engine.models.block_quant import BlockQuantLinear, concatenated, shares_buffers
 from engine.runtime import row_linear
+from engine.runtime.attention import attend
 
 # Norm classes whose forward is weight * x * rsqrt(mean(x^2) + eps), which F.rms_norm computes in one op.
 PLAIN_RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
@@ -96,11 +97,12 @@ def _already_fused(linears: list[nn.Linear], weight: Tensor) -> bool:
 
 
 class FusedLayer(nn.Module):
-    """forward(x, kv_cache, slots, cos, sin_signed, attn_mask, window) for one Llama/Qwen2 layer.
+    """forward(x, kv_cache, slots, cos, sin_signed, attn_mask, window, exact_rows) for one Llama/Qwen2 layer.
 
     x: [1, T, C]; cos and sin_signed: [T, D] with rotate_half's sign folded into sin, so that RoPE is
     x * cos + roll(x, D/2) * sin_signed; attn_mask: None (every slot < window visible) or an
-    additive float mask [G*T, window] already repeated for the G query heads that share a KV head.
+    additive float mask [G*T, window] already repeated for the G query heads that share a KV head;
+    exact_rows: see engine.runtime.attention.attend.
     """
 
     def __init__(self, layer, config, n_heads: int, n_kv_heads: int, head_dim: int):
@@ -132,7 +134,9 @@ class FusedLayer(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.hidden_size = config.hidden_size
 
-    def forward(self, x, kv_cache, slots, cos, sin_signed, attn_mask, window: int) -> Tensor:
+    def forward(
+        self, x, kv_cache, slots, cos, sin_signed, attn_mask, window: int, exact_rows=False
+    ) -> Tensor:
         _, T, C = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         G = H // KV
@@ -151,7 +155,7 @@ class FusedLayer(nn.Module):
         k_all, v_all = k_all[:, :, :window], v_all[:, :, :window]
         # The G query heads that share a KV head become G*T query rows (no repeated K/V).
         q = q.reshape(1, KV, G * T, D)
-        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)  # [1, KV, G*T, D]
+        y = attend(q, k_all, v_all, attn_mask, T, exact_rows)  # [1, KV, G*T, D]
         y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
         x = x + row_linear.project(self.o_proj, y, self.linear_path)
         h = self._norm(x, self.post_norm)

@@ -14,10 +14,10 @@ Layers run fused (engine.runtime.fused_layer) where they allow it.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.runtime import row_linear
+from engine.runtime.attention import attend
 from engine.runtime.fused_layer import FusedLayer, fusable_reason, signed_sin
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -58,7 +58,7 @@ def rotate_half(x: Tensor) -> Tensor:
 # Raised whenever FastLlama.forward's graph changes: a compile build's marker (engine.runtime.
 # compile_build) names the version it built, so a new graph is built in the background again
 # instead of being compiled from a cold cache before "Ready".
-GRAPH_VERSION = 2
+GRAPH_VERSION = 3
 
 
 class FastLlama(nn.Module):
@@ -119,12 +119,14 @@ class FastLlama(nn.Module):
         slots: Tensor | None = None,
         window: int = 0,
         capture: frozenset[int] = frozenset(),
+        exact_rows: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """-> (final hidden states [1, T, C] for `logits`, features [T, F*C] of the hidden states
         `capture` names (in transformers' numbering), in layer order; or None).
 
         `capture` is a frozenset because compiling with dynamic shapes makes the ints of a tuple
-        argument symbols, and a graph cannot choose its layers by symbols."""
+        argument symbols, and a graph cannot choose its layers by symbols. exact_rows: each of the T
+        tokens attends as a one-token step at its position would (engine.runtime.attention)."""
         # ids: [1, T], input_pos: [T] (RoPE positions), mask: [T, W] bool (True = may attend), or None
         # when every slot in [0, window) is visible; slots: [T] KV slots to write (default input_pos;
         # a token tree writes siblings at one position)
@@ -146,7 +148,7 @@ class FastLlama(nn.Module):
             for index, (layer, kv_cache) in enumerate(zip(self.fused, self.kv_caches, strict=True)):
                 if index in capture:
                     features.append(x[0])
-                x = layer(x, kv_cache, slots, cos, sin, attn_mask, window)
+                x = layer(x, kv_cache, slots, cos, sin, attn_mask, window, exact_rows)
         else:
             cos = self.rope_cos[input_pos]  # [T, D]
             sin = self.rope_sin[input_pos]
@@ -154,8 +156,9 @@ class FastLlama(nn.Module):
                 if index in capture:
                     features.append(x[0])
                 h = self.attention(
-                    layer.self_attn, layer.input_layernorm(x), kv_cache, slots, cos, sin, attn_mask, window
-                )
+                    layer.self_attn, layer.input_layernorm(x), kv_cache, slots, cos, sin, attn_mask, window,
+                    exact_rows,
+                )  # fmt: skip
                 x = x + h
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.norm(x)
@@ -170,7 +173,9 @@ class FastLlama(nn.Module):
         """The LM head: hidden states [.., C] from forward -> logits [.., V]."""
         return row_linear.project(self.lm_head, hidden, self.head_path)
 
-    def attention(self, attn, x, kv_cache, slots, cos, sin, attn_mask, window: int) -> Tensor:
+    def attention(
+        self, attn, x, kv_cache, slots, cos, sin, attn_mask, window: int, exact_rows=False
+    ) -> Tensor:
         _, T, _ = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         G, W = H // KV, window
@@ -188,7 +193,7 @@ class FastLlama(nn.Module):
         # Grouped-query attention without repeating K/V: the G query heads that share a KV head
         # (heads kv*G .. kv*G+G-1, as in transformers' repeat_kv) become G*T query rows.
         q = q.reshape(1, KV, G * T, D)
-        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask)  # [1, KV, G*T, D]
+        y = attend(q, k_all, v_all, attn_mask, T, exact_rows)  # [1, KV, G*T, D]
         y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
         return attn.o_proj(y)  # [1, T, C]
 

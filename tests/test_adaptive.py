@@ -179,6 +179,19 @@ def test_slow_speculation_falls_back_to_plain_and_reprobes():
     assert choices.count(0) == 62 and max(choices) >= 1  # two probes in 64 rounds
 
 
+def test_a_probe_the_confidence_stop_left_empty_counts_as_lost():
+    """A drafter that stops by its own confidence may draft nothing on a probe; it still paid a draft
+    step, so the probes thin out as after any lost probe."""
+    k = controller(0.3, 0.07, curve_of({1: 0.1, 2: 0.143, 5: 0.24}))
+    probes = []
+    for _ in range(500):
+        chosen = k.choose(limit=100)
+        if chosen:
+            probes.append(k._probe_interval)
+            k.observe(chosen, drafted=0, accepted=0, draft_s=0.007, verify_s=0.1)
+    assert len(probes) >= 3 and probes == sorted(probes) and probes[-1] >= 4 * probes[0]
+
+
 def test_recovers_when_acceptance_rises():
     k = controller(0.3, 0.01, curve_of({1: 0.1, 2: 0.143, 5: 0.24}))
     k.acceptance = AcceptanceModel(prior=0.1)

@@ -162,13 +162,13 @@ class KController:
             self.curve.observe(verify_size or drafted + 1, verify_s)
         if k > 0:
             self.empty_share = 0.95 * self.empty_share + (0.05 if drafted == 0 else 0.0)
-        if drafted == 0:
-            return
-        if self._probing:
+        if self._probing:  # a probe that drafted nothing (a confidence stop) lost too: it cost a draft step
             lost = accepted == 0
             grown, shrunk = 2 * self._probe_interval, max(1, self._probe_interval // 4)
             self._probe_interval = min(grown, self.MAX_PROBE_INTERVAL) if lost else shrunk
             self._probing = False
+        if drafted == 0:
+            return
         self.acceptance.observe(drafted, accepted, condition)
         step = draft_s / drafted
         self.draft_step_s = step if self.draft_step_s is None else 0.8 * self.draft_step_s + 0.2 * step
@@ -251,7 +251,7 @@ class DraftPlanner:
         if plan.controller is None or plan.k == 0:
             self.curve.observe(result.verify_size, result.verify_s)
             return
-        if plan.drafter.confidence_stops and plan.drafter.stop_rule is not None and not result.tree_nodes:
+        if plan.drafter.stop_rule is not None and not result.tree_nodes:  # a confidence drafter's round
             plan.controller.calibration.observe(plan.drafter.last_confidences, result.num_accepted)
         plan.controller.observe(
             plan.k, result.drafted, result.num_accepted, result.draft_s - result.catch_up_s,

@@ -108,9 +108,8 @@ class HeadDrafter(Drafter):
         out = self._last[1]  # [C]
         logits = self.head.logits(out)  # [N]
         tokens, probs, runners_up, confidences = [], [], [], []
-        stop = self.stop_rule
+        stop, greedy = self.stop_rule, self.sampling.greedy
         for i in range(k):
-            greedy = self.sampling.greedy
             draft_probs = None if greedy else probs_from_logits(logits.float(), self.sampling)  # [N]
             if self.p_min > 0 or stop is not None:
                 confidence = self._confidence(logits, draft_probs)

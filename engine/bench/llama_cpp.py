@@ -132,9 +132,14 @@ class LlamaCppRunner:
             extra += ["-td", str(threads)]
         self.server = LlamaServerProcess(gguf, threads, context, extra)
         self._client = httpx.Client(base_url=self.server.url, timeout=600)
+        self._first_turn = True
+        self.prefilled_tokens = 0  # prompt tokens llama-server processed in the last turn (timings' prompt_n)
 
     def start_prompt(self) -> None:
-        """A new question: llama-server keeps one slot, whose cache the next prompt overwrites."""
+        """A new question is prefilled whole, as the Tandem methods prefill it from empty caches.
+        llama-server would otherwise reuse what its slot or its RAM prompt cache holds: all of a prompt
+        that the warm-up or a repeat pass sent before, or the chat template's opening."""
+        self._first_turn = True
 
     def run_turn(self, prompt_ids: list[int], tokenizer) -> TurnResult:
         sampling = self.sampling
@@ -145,7 +150,8 @@ class LlamaCppRunner:
             "top_p": sampling.top_p,
             "top_k": sampling.top_k,
             "return_tokens": True,
-            "cache_prompt": True,
+            # later turns reuse the question's earlier turns, as Tandem's cache does
+            "cache_prompt": not self._first_turn,
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
@@ -154,9 +160,11 @@ class LlamaCppRunner:
         elapsed = time.perf_counter() - start
         if response.status_code != 200:
             raise TandemError(f"llama-server refused a benchmark prompt: {response.text[:300]}")
+        self._first_turn = False
         data = response.json()
         token_ids = [int(t) for t in data.get("tokens", [])]
         timings = data.get("timings", {})
+        self.prefilled_tokens = int(timings.get("prompt_n", 0))
         tally = Tally(calls=1, generated_tokens=len(token_ids), time_s=elapsed)
         tally.drafted = int(timings.get("draft_n", 0))
         tally.accepted = int(timings.get("draft_n_accepted", 0))

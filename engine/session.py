@@ -427,7 +427,7 @@ class ChatEngine:
         identity = tuple(id(member) for member in members)
         kept = self._planners.get(drafter.name)
         if kept is None or kept[0] != identity:
-            planner = planner_for(drafter, speculation, self._verify_curve)
+            planner = planner_for(drafter, speculation, self._verify_curve, kept[1] if kept else None)
             kept = self._planners[drafter.name] = (identity, planner)
         for _, controller in kept[1].members:
             controller.speculation = speculation

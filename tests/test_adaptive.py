@@ -192,6 +192,22 @@ def test_a_probe_the_confidence_stop_left_empty_counts_as_lost():
     assert len(probes) >= 3 and probes == sorted(probes) and probes[-1] >= 4 * probes[0]
 
 
+def test_probes_that_win_and_lose_by_turns_do_not_crowd_the_plain_rounds():
+    """A head on a target whose verify rows are dear: its probes alternate between stopping before
+    the first token and keeping one token. Winning probes used to quarter the interval and losing ones
+    only double it, so probing took over every other round; now the interval holds."""
+    k = controller(0.3, 0.007, curve_of({1: 0.1, 2: 0.15, 5: 0.34}))
+    probes = 0
+    for _ in range(400):
+        chosen = k.choose(limit=100)
+        if chosen:
+            kept = probes % 2
+            probes += 1
+            k.observe(chosen, drafted=kept, accepted=kept, draft_s=0.007, verify_s=0.15 if kept else 0.1)
+            k.acceptance = geometric(0.3)
+    assert probes <= 40, probes
+
+
 def test_recovers_when_acceptance_rises():
     k = controller(0.3, 0.01, curve_of({1: 0.1, 2: 0.143, 5: 0.24}))
     k.acceptance = AcceptanceModel(prior=0.1)
@@ -466,3 +482,18 @@ def test_padding_a_verify_gives_a_tree_no_room():
     curve = curve_of({1: 0.020, 2: 0.020, 3: 0.020, 4: 0.020, 5: 0.020})
     planner = DraftPlanner([(Drafter(), KController(SpeculationSettings(), curve))], curve)
     assert planner._plan(planner.members[0], 1, None, limit=16).tree_size == 5  # where trees are free
+
+
+def test_a_new_planner_keeps_what_its_unchanged_drafters_measured():
+    """A conversation's new n-gram drafter makes a new auto planner; the head in it is the same
+    object, and its controller (acceptance, empty rounds, probe pace) goes on where it was."""
+    from engine.decoding.speculative import planner_for
+
+    head = SyntheticDrafter("head", geometric_outcome(0.3), 0.03)
+    first = planner_for(head, SpeculationSettings(), curve_of(TRUE_VERIFY))
+    lookup = SyntheticDrafter("lookup", geometric_outcome(0.3), 0.001)
+    second = DraftPlanner([(lookup, KController(SpeculationSettings(), first.curve))], first.curve)
+    second.members.append((head, KController(SpeculationSettings(), first.curve)))
+    second.inherit(first)
+    assert second.members[1][1] is first.members[0][1]
+    assert second.members[0][1] is not first.members[0][1]

@@ -34,10 +34,10 @@ class KController:
     measured verify-cost curve. A round expected to lose against a plain step is not drafted.
 
     While drafting loses, one round in `probe_every` is drafted anyway (at least PROBE_K tokens, so
-    later positions get measured too) and the estimates can recover. A probe that keeps a token
-    makes the next round a probe too (a few observations are too noisy to judge by); a probe that
-    loses its first token doubles the interval (up to MAX_PROBE_INTERVAL), so a drafter that never
-    helps costs almost nothing.
+    later positions get measured too) and the estimates can recover. A probe that beat a plain step
+    halves the interval; one that lost (kept nothing, or too little to pay for its draft and verify)
+    doubles it (up to MAX_PROBE_INTERVAL), so a drafter that never helps costs almost nothing, and
+    one whose probes win and lose by turns keeps probing at about the same pace.
     """
 
     PROBE_K = 2  # the first probe of a drafter nothing is known about
@@ -163,8 +163,11 @@ class KController:
         if k > 0:
             self.empty_share = 0.95 * self.empty_share + (0.05 if drafted == 0 else 0.0)
         if self._probing:  # a probe that drafted nothing (a confidence stop) lost too: it cost a draft step
-            lost = accepted == 0
-            grown, shrunk = 2 * self._probe_interval, max(1, self._probe_interval // 4)
+            # lost: it gave fewer tokens per second than a plain step would have (one kept token need
+            # not pay for a draft step and a dearer verify)
+            single = self.curve.estimate(1)
+            lost = accepted == 0 or (single is not None and (accepted + 1) * single < draft_s + verify_s)
+            grown, shrunk = 2 * self._probe_interval, max(1, self._probe_interval // 2)
             self._probe_interval = min(grown, self.MAX_PROBE_INTERVAL) if lost else shrunk
             self._probing = False
         if drafted == 0:
@@ -245,6 +248,14 @@ class DraftPlanner:
     def start_reply(self) -> None:
         for _, controller in self.members:
             controller.start_reply()
+
+    def inherit(self, previous: DraftPlanner) -> None:
+        """Takes over an earlier planner's controllers for the drafters both share (the same objects):
+        what they measured (acceptance, empty rounds, probe interval) stays. Starting over each time
+        another member changes (the n-gram drafter is new with each conversation) relearnt a losing
+        head within every reply, where a reply is too short to learn it."""
+        kept = {id(drafter): controller for drafter, controller in previous.members}
+        self.members = [(drafter, kept.get(id(drafter), controller)) for drafter, controller in self.members]
 
     def observe(self, plan: Plan, result) -> None:
         """`result`: a RoundResult (drafted, num_accepted, draft_s, verify_s, catch_up_s, verify_size)."""

@@ -155,13 +155,22 @@ def speculative_round(
     )  # fmt: skip
 
 
-def planner_for(drafter: Drafter, speculation: SpeculationSettings, curve: VerifyCostCurve) -> DraftPlanner:
-    """One controller per drafter; an AutoDrafter's members compete round by round."""
+def planner_for(
+    drafter: Drafter,
+    speculation: SpeculationSettings,
+    curve: VerifyCostCurve,
+    previous: DraftPlanner | None = None,
+) -> DraftPlanner:
+    """One controller per drafter; an AutoDrafter's members compete round by round. `previous`: an
+    earlier planner whose drafters' realized gains carry over (DraftPlanner.inherit)."""
     members = drafter.members if isinstance(drafter, AutoDrafter) else [drafter]
-    return DraftPlanner(
+    planner = DraftPlanner(
         [(member, KController(speculation, curve, acceptance=acceptance_for(member))) for member in members],
         curve,
     )
+    if previous is not None:
+        planner.inherit(previous)
+    return planner
 
 
 def acceptance_for(drafter: Drafter) -> AcceptanceModel:

@@ -228,7 +228,7 @@ def test_an_f32_copy_of_the_gguf_answers_with_tandems_fp32_greedy_tokens(tmp_pat
         server.stop()
 
 
-def test_the_llama_cpp_method_prefills_every_question_whole(monkeypatch):
+def test_the_llama_cpp_method_prefills_every_question_whole(monkeypatch, builtin_tokenizer):
     """The benchmark's llama-cpp method pays for each question's prompt, as Tandem's methods do: the
     warm-up or an earlier pass of the same question must not leave it in llama-server's caches. A
     question's second turn reuses its first, as Tandem's cache does."""
@@ -236,11 +236,10 @@ def test_the_llama_cpp_method_prefills_every_question_whole(monkeypatch):
     from engine.bench.methods import Method
     from engine.models.builtin import DEFAULT_TARGET
     from engine.models.chat_template import chat_prompt_ids
-    from engine.models.loading import load_tokenizer, resolve_folder
     from engine.settings import SamplingSettings
 
     monkeypatch.setenv("TANDEM_LLAMA_CPP_BIN", str(LLAMA_BIN))
-    tokenizer = load_tokenizer(resolve_folder(DEFAULT_TARGET))
+    tokenizer = builtin_tokenizer
     runner = LlamaCppRunner(
         Method("llama-cpp", "llama-cpp"), DEFAULT_TARGET, SamplingSettings(temperature=0.0, max_new_tokens=8),
         threads=1, context=2048,

@@ -162,9 +162,10 @@ class KController:
             self.curve.observe(verify_size or drafted + 1, verify_s)
         if k > 0:
             self.empty_share = 0.95 * self.empty_share + (0.05 if drafted == 0 else 0.0)
-        if self._probing:  # a probe that drafted nothing (a confidence stop) lost too: it cost a draft step
-            # lost: it gave fewer tokens per second than a plain step would have (one kept token need
-            # not pay for a draft step and a dearer verify)
+        if self._probing:
+            # lost: it gave fewer tokens per second than a plain step would have. One that drafted
+            # nothing (a confidence stop) lost too, having paid a draft step, and one kept token need
+            # not pay for a draft step and a dearer verify.
             single = self.curve.estimate(1)
             lost = accepted == 0 or (single is not None and (accepted + 1) * single < draft_s + verify_s)
             grown, shrunk = 2 * self._probe_interval, max(1, self._probe_interval // 2)

@@ -162,7 +162,7 @@ def planner_for(
     previous: DraftPlanner | None = None,
 ) -> DraftPlanner:
     """One controller per drafter; an AutoDrafter's members compete round by round. `previous`: an
-    earlier planner whose drafters' realized gains carry over (DraftPlanner.inherit)."""
+    earlier planner whose controllers carry over for the drafters both share (DraftPlanner.inherit)."""
     members = drafter.members if isinstance(drafter, AutoDrafter) else [drafter]
     planner = DraftPlanner(
         [(member, KController(speculation, curve, acceptance=acceptance_for(member))) for member in members],

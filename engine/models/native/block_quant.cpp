@@ -224,11 +224,11 @@ __attribute__((target(BLOCKQ_AVX2))) inline void tile_avx2(const uint8_t* weight
 template <int BITS, int C>
 __attribute__((target(BLOCKQ_AVX2))) void pass_avx2(const uint8_t* weights, const float* d, const float* mn,
                                                     const Activations& a, int64_t k, int64_t r0, int64_t r1,
-                                                    int64_t i, int64_t n, float* out, int64_t ahead) {
+                                                    int64_t i, int64_t n, float* out) {
   constexpr int R = C <= 2 ? 4 : 2;  // R * C accumulators, the unpacked pair and the constants in 16 registers
   int64_t r = r0;
   for (; r + R <= r1; r += R)
-    tile_avx2<BITS, R, C>(weights, d, mn, a, k, r, i, n, out, r + R + ahead <= r1 ? ahead : 0);
+    tile_avx2<BITS, R, C>(weights, d, mn, a, k, r, i, n, out, r + R + kAvx2Ahead <= r1 ? kAvx2Ahead : 0);
   for (; r < r1; ++r) tile_avx2<BITS, 1, C>(weights, d, mn, a, k, r, i, n, out, 0);
 }
 
@@ -236,13 +236,12 @@ template <int BITS>
 __attribute__((target(BLOCKQ_AVX2))) void rows_avx2(const uint8_t* weights, const float* d, const float* mn,
                                                     const Activations& a, int64_t m, int64_t k, int64_t r0,
                                                     int64_t r1, int64_t n, float* out) {
-  const int64_t ahead = kAvx2Ahead;
   for (int64_t i = 0; i < m;) {
     const int64_t c = std::min(kAvx2Chunk, m - i);
-    if (c == 1) pass_avx2<BITS, 1>(weights, d, mn, a, k, r0, r1, i, n, out, ahead);
-    else if (c == 2) pass_avx2<BITS, 2>(weights, d, mn, a, k, r0, r1, i, n, out, ahead);
-    else if (c == 3) pass_avx2<BITS, 3>(weights, d, mn, a, k, r0, r1, i, n, out, ahead);
-    else pass_avx2<BITS, 4>(weights, d, mn, a, k, r0, r1, i, n, out, ahead);
+    if (c == 1) pass_avx2<BITS, 1>(weights, d, mn, a, k, r0, r1, i, n, out);
+    else if (c == 2) pass_avx2<BITS, 2>(weights, d, mn, a, k, r0, r1, i, n, out);
+    else if (c == 3) pass_avx2<BITS, 3>(weights, d, mn, a, k, r0, r1, i, n, out);
+    else pass_avx2<BITS, 4>(weights, d, mn, a, k, r0, r1, i, n, out);
     i += c;
   }
 }

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from engine.models import block_quant as bq
 from engine.models import quant_kernels as qk
 from engine.models.cpu_features import cpu_flags
+from engine.runtime import static_forward
+from engine.runtime.attention import rows_unavailable_reason
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner
 from tests.test_fastpath import greedy
@@ -155,15 +157,34 @@ def verify_and_steps(runner, new: list[int]) -> tuple[torch.Tensor, torch.Tensor
     return together, alone
 
 
-def test_verify_rows_of_a_block_quantized_target_are_its_one_token_steps_bit_for_bit(builtin_tokenizer):
+ROW_KERNEL = rows_unavailable_reason() is None
+
+
+def sdpa_attention(monkeypatch):
+    """Runners built after this attend with SDPA, as where the row attention kernel cannot run."""
+    monkeypatch.setattr(static_forward, "rows_kernel_for", lambda *args: False)
+
+
+@pytest.mark.parametrize("attention", ["row kernel", "sdpa row by row"])
+def test_verify_rows_of_a_block_quantized_target_are_its_one_token_steps_bit_for_bit(
+    attention, monkeypatch, builtin_tokenizer
+):
     """Activations rounded to integers turn a verify forward's tiny float differences into other
-    tokens; row-by-row attention keeps every row the one-token step's own result."""
+    tokens; attention row by row keeps every row the one-token step's own result."""
+    if attention == "row kernel":
+        assert ROW_KERNEL or "avx2" not in cpu_flags(), rows_unavailable_reason()
+        if not ROW_KERNEL:
+            pytest.skip(f"the row attention kernel does not run here: {rows_unavailable_reason()}")
+    else:
+        sdpa_attention(monkeypatch)
     runner = FastRunner(tiny_quantized("int4-block-q4_1", builtin_tokenizer), compiled="off")
-    assert runner.exact_verify and not runner.supports_trees
+    assert runner.exact_verify
+    assert runner.supports_trees == (attention == "row kernel")  # SDPA rounds a tree's masked rows apart
     for n in (2, 3, 5):
         together, alone = verify_and_steps(runner, NEW[:n])
         assert torch.equal(together, alone), n
-    runner.exact_verify = False  # the negative control: one masked attention call for all rows
+    # the negative control: one masked SDPA call for all rows
+    runner.fast.row_attention, runner.row_by_row = False, False
     together, alone = verify_and_steps(runner, NEW)
     assert not torch.equal(together, alone)
     assert not FastRunner(
@@ -171,7 +192,28 @@ def test_verify_rows_of_a_block_quantized_target_are_its_one_token_steps_bit_for
     ).exact_verify
 
 
+@pytest.mark.skipif(not ROW_KERNEL, reason="the row attention kernel does not run on this machine")
+def test_a_token_trees_rows_are_the_one_token_steps_along_each_path(builtin_tokenizer):
+    """Under the row attention kernel a tree node's logits are bit for bit those of one-token steps
+    over its path, so trees stay exact on a target that rounds activations."""
+    runner = FastRunner(tiny_quantized("int4-block-q4_1", builtin_tokenizer), compiled="off")
+    ids, parents = [PROMPT[-1], 40, 8, 311, 77], [-1, 0, 0, 2, 1]
+    runner.prefill(PROMPT[:-1])
+    start = runner.cache_length
+    tree = runner.forward_tree(ids, parents).clone()
+    for path in ([0, 2, 3], [0, 1, 4]):
+        runner.rollback(start)
+        steps = torch.stack([runner.forward([ids[node]]).clone()[0] for node in path])
+        assert torch.equal(tree[path], steps), path
+    runner.rollback(start)  # the negative control: a masked SDPA call
+    runner.fast.row_attention = False
+    sdpa_tree = runner.forward_tree(ids, parents)
+    assert not torch.equal(sdpa_tree, tree)
+
+
 def test_compiled_verify_sizes_pad_to_a_built_graph_and_cap_the_draft(monkeypatch, builtin_tokenizer):
+    """Without the row attention kernel a compiled forward verifies in graphs of fixed sizes."""
+    sdpa_attention(monkeypatch)
     model = tiny_quantized("int4-block-q4_1", builtin_tokenizer)
     monkeypatch.delenv("TANDEM_COMPILE", raising=False)  # the suite's default is off
     real_compile = torch.compile
@@ -185,6 +227,25 @@ def test_compiled_verify_sizes_pad_to_a_built_graph_and_cap_the_draft(monkeypatc
     assert runner.is_compiled, runner.notice
     assert runner.exact_sizes == [3] and runner.verify_limit == 3
     for n in (2, 3):  # 2 runs in the 3-token graph, its padding row after the real ones
+        together, alone = verify_and_steps(runner, NEW[:n])
+        assert torch.equal(together, alone), n
+
+
+@pytest.mark.skipif(not ROW_KERNEL, reason="the row attention kernel does not run on this machine")
+def test_a_compiled_forward_on_the_row_kernel_verifies_any_size_exactly(monkeypatch, builtin_tokenizer):
+    model = tiny_quantized("int4-block-q4_1", builtin_tokenizer)
+    monkeypatch.delenv("TANDEM_COMPILE", raising=False)
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch,
+        "compile",
+        lambda module, **kwargs: real_compile(module, backend="aot_eager", dynamic=True, fullgraph=True),
+    )
+    runner = FastRunner(model, compiled="auto", prefill_chunk=8, verify_sizes=(3,), dynamic_shapes=True)
+    runner.warm_up()
+    assert runner.is_compiled, runner.notice
+    assert runner.exact_sizes == [3] and runner.verify_limit is None  # no graph per verify size
+    for n in (2, 3, 5):
         together, alone = verify_and_steps(runner, NEW[:n])
         assert torch.equal(together, alone), n
 

@@ -3,8 +3,8 @@
 One extension holds them all, so a first start compiles once (about 30 s on 2 cores) and every later
 start loads the library from the cache folder (per torch version; ninja rebuilds a changed source).
 Each source registers its own torch op namespace: `tandem_block_quant` (block-quantized layers,
-engine.models.block_quant) and `tandem_row_linear` (the float linear of decoding and verification,
-engine.runtime.row_linear). Without a C++ compiler (the installed bundle) they are unavailable, and
+engine.models.block_quant), `tandem_row_linear` (the float linear of decoding and verification,
+engine.runtime.row_linear) and `tandem_attention` (attention row by row, engine.runtime.attention). Without a C++ compiler (the installed bundle) they are unavailable, and
 each caller says why and takes its float path.
 
 TANDEM_NATIVE_DIR overrides where the library is built (the test suite shares one across processes).
@@ -39,7 +39,13 @@ def build_folder() -> Path:
 @functools.cache
 def build_error() -> str | None:
     """None once the kernels are loaded (building them the first time), else why they cannot be."""
-    if hasattr(torch.ops.tandem_row_linear, "linear") and hasattr(torch.ops.tandem_block_quant, "linear"):
+    ops = torch.ops
+    loaded = (
+        (ops.tandem_row_linear, "linear"),
+        (ops.tandem_block_quant, "linear"),
+        (ops.tandem_attention, "attend"),
+    )
+    if all(hasattr(namespace, name) for namespace, name in loaded):
         return None
     if getattr(sys, "frozen", False):
         return "the installed bundle carries no C++ compiler to build Tandem's CPU kernels"

@@ -8,13 +8,23 @@ across a rounding step, and a verify row picked another token than a one-token s
 positions measured. `attend(..., exact_rows=True)` gives each row its own call over exactly the
 slots its one-token step sees, so each row is bit for bit that step's result (the layers' matmuls
 are row-exact already: engine.runtime.row_linear, engine.models.block_quant).
+
+Where Tandem's C++ kernels run (float32 on an AVX2 CPU), `attend_rows` does the same in one call per
+layer for every row, token trees included (engine/models/native/attention.cpp): a 5-token verify
+forward no longer makes 150 SDPA calls, and any number of rows up to a prompt chunk is exact.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from engine.models import native_ops
+from engine.models.cpu_features import cpu_flags
 
 # Verify forwards up to this many tokens may attend row by row (a call per row and layer)
 EXACT_ROWS = 16
@@ -38,3 +48,52 @@ def attend(
         seen = window - tokens + t + 1
         outs.append(F.scaled_dot_product_attention(by_token[:, :, :, t], k[:, :, :seen], v[:, :, :seen]))
     return torch.stack(outs, dim=3).reshape(1, kv_heads, rows, head_dim)  # [1, KV, G, T, D] -> rows
+
+
+@functools.cache
+def rows_unavailable_reason() -> str | None:
+    """None when the row-by-row attention kernel runs on this machine, else why it does not."""
+    if os.environ.get("TANDEM_ROW_ATTENTION", "").lower() == "off":
+        return "turned off by TANDEM_ROW_ATTENTION=off"
+    if not {"avx2", "fma"} <= cpu_flags():
+        return "this CPU has no AVX2"
+    error = native_ops.build_error()
+    if error is not None:
+        return error
+
+    @torch.library.register_fake("tandem_attention::attend")
+    def _(q, k_cache, v_cache, lengths, mask):
+        return q.new_empty(q.shape)
+
+    return None
+
+
+def rows_kernel_for(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether attention over a cache of this dtype, device and head size runs on `attend_rows`."""
+    return (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and head_dim in (32, 64, 96, 128)
+        and rows_unavailable_reason() is None
+    )
+
+
+ROWS_KERNEL_VERSION = 1  # bumped when attention.cpp's speed changes: stored verify-cost curves are stale
+
+
+def kernel_name(model) -> str:
+    """Which attention the fast path runs for this model here, for the keys of cached measurements."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    weight = next(model.parameters())
+    rows = rows_kernel_for(weight.dtype, weight.device, head_dim)
+    return f"rows-v{ROWS_KERNEL_VERSION}" if rows else "sdpa"
+
+
+def attend_rows(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor | None, visible: Tensor | None
+) -> Tensor:
+    """q: [T, H, D]; k_cache, v_cache: [1, KV, S, D]; lengths: [T], row t attends to slots
+    [0, lengths[t]); or visible: [T, W] bool, row t attends to the slots it marks (a token tree).
+    -> [T, H, D], each row computed alike whatever T (engine/models/native/attention.cpp)."""
+    return torch.ops.tandem_attention.attend(q, k_cache, v_cache, lengths, visible)

@@ -72,7 +72,7 @@ def machine_key(device) -> dict:
 
 def model_key(loaded, runner) -> dict:
     """The model as far as its speed goes: architecture, precision, quantization and runner kind."""
-    from engine.runtime import row_linear
+    from engine.runtime import attention, row_linear
 
     config = loaded.model.config
     architecture = (
@@ -86,6 +86,7 @@ def model_key(loaded, runner) -> dict:
         "runner": type(runner).__name__,
         "compiled": bool(getattr(runner, "is_compiled", False)),
         "row_linear": row_linear.kernel_name(loaded.model),
+        "attention": attention.kernel_name(loaded.model),
     }
 
 

@@ -91,14 +91,15 @@ class FastRunner(ModelRunner):
         # starts); CUDA: one graph per size, as CUDA graphs need
         self.dynamic_shapes = self.device.type != "cuda" if dynamic_shapes is None else dynamic_shapes
         # Layers that round activations to integers (block-quantized): a verify forward's rows must
-        # then round exactly as one-token steps do, or drafting would not be exact. Each row attends
-        # in its own call (engine.runtime.attention), and a compiled forward runs each verify size as
-        # a graph of its own: sizes not built are padded to the next built one, so `verify_limit`
-        # caps K. Trees attend under a mask, so they are off.
-        self.exact_verify = (
-            self.device.type == "cpu" and self.dynamic_shapes and _rounds_activations_row_exactly(self.fast)
-        )
-        if self.exact_verify:
+        # then round exactly as one-token steps do, or drafting would not be exact. The row attention
+        # kernel gives that in any forward (trees included). Without it each row attends in its own
+        # SDPA call (`row_by_row`, engine.runtime.attention), and a compiled forward runs each verify
+        # size as a graph of its own: sizes not built are padded to the next built one, so
+        # `verify_limit` caps K. Trees attend under a mask then, so they are off.
+        rounds = self.device.type == "cpu" and _rounds_activations_row_exactly(self.fast)
+        self.row_by_row = rounds and self.dynamic_shapes and not self.fast.row_attention
+        self.exact_verify = self.row_by_row or (rounds and self.fast.row_attention)
+        if self.row_by_row:
             self.supports_trees = False
         if compiled not in ("auto", "off"):
             raise ValueError(f"compiled must be 'auto' or 'off', not {compiled!r}")
@@ -242,13 +243,13 @@ class FastRunner(ModelRunner):
     def _build(self, module, sizes, progress, captures) -> bool:
         """Calls `module` once per graph to compile; with dynamic shapes that is two graphs per
         capture (one token, several tokens), whatever `sizes` says, plus one per verify size where
-        verify rows must round as one-token steps do (`exact_verify`)."""
+        verify rows must round as one-token steps do (`row_by_row`)."""
         sizes = sorted(set(sizes or self.compiled_sizes))
         self.compiled_sizes = sorted({*self.compiled_sizes, *sizes})
         shapes = [(n, False) for n in sizes]
         if self.dynamic_shapes:
             shapes = [(1, False), (2, False)]
-        if self.exact_verify:
+        if self.row_by_row:
             shapes += [(n, True) for n in self.exact_sizes]
         if captures is None:
             captures = [self.capture_hidden or self.compiled_capture]
@@ -306,11 +307,11 @@ class FastRunner(ModelRunner):
     def _forward_ids(self, ids: Tensor, last_only: bool = False, verify: bool = False) -> Tensor:
         """ids: [n] with n <= _chunk_size -> logits [n, V] float32 (last_only: [1, V], the last
         position's); advances cache_length by n. verify: a verify forward (not a prompt), whose rows
-        must round as one-token steps do where `exact_verify`."""
+        must round as one-token steps do where `row_by_row`."""
         n = ids.numel()
         start = self.cache_length
         assert n >= 1 and start + n <= self.max_seq_length, (start, n, self.max_seq_length)
-        exact = verify and self.exact_verify and 1 < n <= EXACT_ROWS
+        exact = verify and self.row_by_row and 1 < n <= EXACT_ROWS
         size = self._exact_size(n, start) if exact else self._compiled_size(n, start)
         hidden = None
         if exact:
@@ -338,8 +339,10 @@ class FastRunner(ModelRunner):
         window's last n slots, and each attends as a one-token step would (engine.runtime.attention)."""
         n = ids.numel()
         input_pos = torch.arange(start, start + n, device=self.device)  # [T]
-        # one new token at the end of the window sees all of it: no mask to build or apply
-        mask = None if n == 1 and window == start + 1 else causal_mask(input_pos, window)  # [T, W]
+        # one new token at the end of the window sees all of it, and the row attention kernel takes
+        # each row's length from input_pos: no mask to build or apply
+        whole = (n == 1 and window == start + 1) or self.fast.row_attention
+        mask = None if whole else causal_mask(input_pos, window)  # [T, W]
         capture = tuple(capture)
         if list(capture) != sorted(set(capture)):
             raise ValueError(f"hidden states are captured in layer order, not {capture}")
@@ -396,20 +399,20 @@ class FastRunner(ModelRunner):
 
     @property
     def exact_sizes(self) -> list[int]:
-        """Verify sizes a compiled `exact_verify` runner runs row by row, each a graph of its own."""
+        """Verify sizes a compiled `row_by_row` runner runs row by row, each a graph of its own."""
         return [n for n in self.compiled_sizes if 1 < n <= EXACT_ROWS and n != self.prefill_chunk]
 
     @property
     def verify_limit(self) -> int | None:
         """The most tokens a verify forward may hold (draft + 1), or None for no limit: a compiled
-        `exact_verify` runner's largest verify graph (a longer one would run eagerly, which rounds
+        `row_by_row` runner's largest verify graph (a longer one would run eagerly, which rounds
         apart from the compiled one-token step)."""
-        if not (self.exact_verify and self._compiled is not None):
+        if not (self.row_by_row and self._compiled is not None):
             return None
         return max(self.exact_sizes, default=1)
 
     def _exact_size(self, n: int, start: int) -> int | None:
-        """The compiled verify graph an `exact_verify` forward of n tokens runs in, or None (eagerly)."""
+        """The compiled verify graph a `row_by_row` forward of n tokens runs in, or None (eagerly)."""
         if self._compiled is None:
             return None
         size = min((s for s in self.exact_sizes if s >= n), default=None)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from engine.models.block_quant import BlockQuantLinear, concatenated, shares_buffers
 from engine.runtime import row_linear
-from engine.runtime.attention import attend
+from engine.runtime.attention import attend, attend_rows
 
 # Norm classes whose forward is weight * x * rsqrt(mean(x^2) + eps), which F.rms_norm computes in one op.
 PLAIN_RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
@@ -102,7 +102,8 @@ class FusedLayer(nn.Module):
     x: [1, T, C]; cos and sin_signed: [T, D] with rotate_half's sign folded into sin, so that RoPE is
     x * cos + roll(x, D/2) * sin_signed; attn_mask: None (every slot < window visible) or an
     additive float mask [G*T, window] already repeated for the G query heads that share a KV head;
-    exact_rows: see engine.runtime.attention.attend.
+    exact_rows: see engine.runtime.attention.attend. lengths [T] or visible [T, W] instead: attention
+    on the row kernel (engine.runtime.attention.attend_rows), which reads the whole cache.
     """
 
     def __init__(self, layer, config, n_heads: int, n_kv_heads: int, head_dim: int):
@@ -135,8 +136,9 @@ class FusedLayer(nn.Module):
         self.hidden_size = config.hidden_size
 
     def forward(
-        self, x, kv_cache, slots, cos, sin_signed, attn_mask, window: int, exact_rows=False
-    ) -> Tensor:
+        self, x, kv_cache, slots, cos, sin_signed, attn_mask, window: int, exact_rows=False, lengths=None,
+        visible=None,
+    ) -> Tensor:  # fmt: skip
         _, T, C = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         G = H // KV
@@ -148,15 +150,17 @@ class FusedLayer(nn.Module):
         qkv = qkv.view(1, T, H + 2 * KV, D)
         qk = qkv[:, :, : H + KV]
         qk = qk * cos + torch.roll(qk, D // 2, dims=-1) * sin_signed  # [1, T, H+KV, D]
-        q = qk[:, :, :H].transpose(1, 2)  # [1, H, T, D]
         k = qk[:, :, H:].transpose(1, 2)  # [1, KV, T, D]
         v = qkv[:, :, H + KV :].transpose(1, 2)
         k_all, v_all = kv_cache.update(slots, k, v)
-        k_all, v_all = k_all[:, :, :window], v_all[:, :, :window]
-        # The G query heads that share a KV head become G*T query rows (no repeated K/V).
-        q = q.reshape(1, KV, G * T, D)
-        y = attend(q, k_all, v_all, attn_mask, T, exact_rows)  # [1, KV, G*T, D]
-        y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
+        if lengths is not None or visible is not None:
+            y = attend_rows(qk[0, :, :H], k_all, v_all, lengths, visible).view(1, T, H * D)
+        else:
+            k_all, v_all = k_all[:, :, :window], v_all[:, :, :window]
+            # The G query heads that share a KV head become G*T query rows (no repeated K/V).
+            q = qk[:, :, :H].transpose(1, 2).reshape(1, KV, G * T, D)
+            y = attend(q, k_all, v_all, attn_mask, T, exact_rows)  # [1, KV, G*T, D]
+            y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
         x = x + row_linear.project(self.o_proj, y, self.linear_path)
         h = self._norm(x, self.post_norm)
         if self.gate_up_quant is not None:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.runtime import row_linear
-from engine.runtime.attention import attend
+from engine.runtime.attention import attend, attend_rows, rows_kernel_for
 from engine.runtime.fused_layer import FusedLayer, fusable_reason, signed_sin
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -58,7 +58,7 @@ def rotate_half(x: Tensor) -> Tensor:
 # Raised whenever FastLlama.forward's graph changes: a compile build's marker (engine.runtime.
 # compile_build) names the version it built, so a new graph is built in the background again
 # instead of being compiled from a cold cache before "Ready".
-GRAPH_VERSION = 3
+GRAPH_VERSION = 4
 
 
 class FastLlama(nn.Module):
@@ -97,6 +97,9 @@ class FastLlama(nn.Module):
             cos, sin = inner.rotary_emb(weight[:1].unsqueeze(0), positions)  # [1, S, D] each
         self.register_buffer("rope_cos", cos[0].to(dtype), persistent=False)  # [S, D]
         self.register_buffer("rope_sin", sin[0].to(dtype), persistent=False)
+        # every row's attention in one call per layer, each row alike whatever their number
+        # (engine.runtime.attention.attend_rows); else SDPA
+        self.row_attention = rows_kernel_for(dtype, device, self.head_dim)
         self.unfused_reason = next(
             filter(None, (fusable_reason(layer, config) for layer in self.layers)), None
         )
@@ -130,11 +133,17 @@ class FastLlama(nn.Module):
         # ids: [1, T], input_pos: [T] (RoPE positions), mask: [T, W] bool (True = may attend), or None
         # when every slot in [0, window) is visible; slots: [T] KV slots to write (default input_pos;
         # a token tree writes siblings at one position)
+        tree = slots is not None
         slots = input_pos if slots is None else slots
         G = self.n_heads // self.n_kv_heads
         x = self.embed_tokens(ids)  # [1, T, C]
-        attn_mask = None
-        if mask is not None:
+        attn_mask = lengths = visible = None
+        if self.row_attention:
+            if tree:  # row t sees what its mask row marks
+                visible = mask
+            else:  # row t sees the slots up to its position
+                lengths = input_pos + 1
+        elif mask is not None:
             window = mask.shape[-1]
             # additive, and repeated once here for the G query heads per KV head, not in every layer
             attn_mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
@@ -148,7 +157,7 @@ class FastLlama(nn.Module):
             for index, (layer, kv_cache) in enumerate(zip(self.fused, self.kv_caches, strict=True)):
                 if index in capture:
                     features.append(x[0])
-                x = layer(x, kv_cache, slots, cos, sin, attn_mask, window, exact_rows)
+                x = layer(x, kv_cache, slots, cos, sin, attn_mask, window, exact_rows, lengths, visible)
         else:
             cos = self.rope_cos[input_pos]  # [T, D]
             sin = self.rope_sin[input_pos]
@@ -157,7 +166,7 @@ class FastLlama(nn.Module):
                     features.append(x[0])
                 h = self.attention(
                     layer.self_attn, layer.input_layernorm(x), kv_cache, slots, cos, sin, attn_mask, window,
-                    exact_rows,
+                    exact_rows, lengths, visible,
                 )  # fmt: skip
                 x = x + h
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -174,8 +183,9 @@ class FastLlama(nn.Module):
         return row_linear.project(self.lm_head, hidden, self.head_path)
 
     def attention(
-        self, attn, x, kv_cache, slots, cos, sin, attn_mask, window: int, exact_rows=False
-    ) -> Tensor:
+        self, attn, x, kv_cache, slots, cos, sin, attn_mask, window: int, exact_rows=False, lengths=None,
+        visible=None,
+    ) -> Tensor:  # fmt: skip
         _, T, _ = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         G, W = H // KV, window
@@ -188,6 +198,10 @@ class FastLlama(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
 
+        if lengths is not None or visible is not None:
+            k_all, v_all = kv_cache.update(slots, k, v)
+            y = attend_rows(q[0].transpose(0, 1), k_all, v_all, lengths, visible)  # [T, H, D]
+            return attn.o_proj(y.view(1, T, H * D))
         k_all, v_all = kv_cache.update(slots, k, v)  # [1, KV, S, D]
         k_all, v_all = k_all[:, :, :W], v_all[:, :, :W]  # [1, KV, W, D]
         # Grouped-query attention without repeating K/V: the G query heads that share a KV head

@@ -24,6 +24,7 @@ from engine.models.head import (
     target_fingerprint,
 )
 from engine.models.head_training import chained_log_probs
+from engine.runtime.attention import rows_unavailable_reason
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner
 from engine.settings import SamplingSettings, SpeculationSettings
@@ -80,11 +81,18 @@ def test_runners_hand_back_the_hidden_states_of_their_forward(runner_class, tiny
 # --- training computes what drafting computes ------------------------------------------------------
 
 
-def test_chained_training_steps_equal_what_the_drafter_computes(tiny):
-    """Step j of the training forward at a position is the drafter's j-th draft from there."""
+@pytest.mark.parametrize("row_attention", [True, False])
+def test_chained_training_steps_equal_what_the_drafter_computes(make_tiny, row_attention):
+    """Step j of the training forward at a position is the drafter's j-th draft from there, whether
+    the drafter attends on Tandem's row kernel or as training does (SDPA)."""
+    tiny = make_tiny(seed=0, layers=2, hidden=128)  # head size 32: one the row kernel takes
     head = random_head(tiny.model, 64, seed=1, scale=1.0)
     runner = ModelRunner(tiny.model)
     drafter = drafter_for(head, tiny, runner)
+    assert drafter.row_attention == (rows_unavailable_reason() is None)
+    if row_attention and not drafter.row_attention:
+        pytest.skip(f"the row attention kernel does not run here: {rows_unavailable_reason()}")
+    drafter.row_attention = row_attention
     drafter.begin(SamplingSettings(temperature=1.0), torch.Generator().manual_seed(0))
     context = [11, 230, 5, 77, 1024, 9, 31]
     with torch.no_grad():

@@ -21,6 +21,7 @@ from torch import Tensor
 from engine.decoding.drafters.base import Cancelled, Draft, Drafter, common_prefix_length, empty_draft
 from engine.decoding.sampling import probs_from_logits, sample
 from engine.models.head import DraftHead
+from engine.runtime.attention import attend_rows, rows_kernel_for
 from engine.settings import SamplingSettings
 
 # Features read in one go without drafting (plain rounds) are folded in before they pile up.
@@ -55,6 +56,8 @@ class HeadDrafter(Drafter):
         shape = (1, config.num_key_value_heads, context_length, config.head_dim)
         self.k_cache = torch.zeros(shape, dtype=head.dtype, device=head.device)
         self.v_cache = torch.zeros(shape, dtype=head.dtype, device=head.device)
+        # attention on Tandem's row kernel where it runs: no K/V copied per query head, one call
+        self.row_attention = rows_kernel_for(head.dtype, head.device, config.head_dim)
         self.valid = torch.zeros(
             context_length, dtype=torch.bool, device=head.device
         )  # [S] slots holding an entry
@@ -209,7 +212,12 @@ class HeadDrafter(Drafter):
         self.valid[positions] = True
         window = start + n
         mask = self.valid[:window].unsqueeze(0) & (self.slots[:window].unsqueeze(0) <= positions.unsqueeze(1))
-        attended = self.head.attend(q, self.k_cache[:, :, :window], self.v_cache[:, :, :window], mask[None])
+        if self.row_attention:
+            attended = attend_rows(q[0].transpose(0, 1), self.k_cache, self.v_cache, None, mask)
+            attended = attended.reshape(1, n, -1)  # [1, n, H*D]
+        else:
+            k, v = self.k_cache[:, :, :window], self.v_cache[:, :, :window]
+            attended = self.head.attend(q, k, v, mask[None])
         return self.head.finish(attended, residual)[0]
 
     def _confidence(self, logits: Tensor, draft_probs: Tensor | None) -> float:

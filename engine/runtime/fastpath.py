@@ -90,12 +90,10 @@ class FastRunner(ModelRunner):
         # CPU: one graph for every length, weights as inputs (inductor's cache then holds it across
         # starts); CUDA: one graph per size, as CUDA graphs need
         self.dynamic_shapes = self.device.type != "cuda" if dynamic_shapes is None else dynamic_shapes
-        # Layers that round activations to integers (block-quantized): a verify forward's rows must
-        # then round exactly as one-token steps do, or drafting would not be exact. The row attention
-        # kernel gives that in any forward (trees included). Without it each row attends in its own
-        # SDPA call (`row_by_row`, engine.runtime.attention), and a compiled forward runs each verify
-        # size as a graph of its own: sizes not built are padded to the next built one, so
-        # `verify_limit` caps K. Trees attend under a mask then, so they are off.
+        # Block-quantized layers round activations to integers: verify rows must then round as
+        # one-token steps do, or drafting is not exact. The row attention kernel does so in any forward,
+        # trees included; else each row attends in its own SDPA call (`row_by_row`) and each verify
+        # size is a compiled graph of its own (`verify_limit` caps K), and trees are off.
         rounds = self.device.type == "cpu" and _rounds_activations_row_exactly(self.fast)
         self.row_by_row = rounds and self.dynamic_shapes and not self.fast.row_attention
         self.exact_verify = self.row_by_row or (rounds and self.fast.row_attention)
@@ -339,8 +337,7 @@ class FastRunner(ModelRunner):
         window's last n slots, and each attends as a one-token step would (engine.runtime.attention)."""
         n = ids.numel()
         input_pos = torch.arange(start, start + n, device=self.device)  # [T]
-        # one new token at the end of the window sees all of it, and the row attention kernel takes
-        # each row's length from input_pos: no mask to build or apply
+        # no mask to build when one new token sees the whole window or the row kernel reads input_pos
         whole = (n == 1 and window == start + 1) or self.fast.row_attention
         mask = None if whole else causal_mask(input_pos, window)  # [T, W]
         capture = tuple(capture)

@@ -211,9 +211,8 @@ def test_a_token_trees_rows_are_the_one_token_steps_along_each_path(builtin_toke
     assert not torch.equal(sdpa_tree, tree)
 
 
-def test_compiled_verify_sizes_pad_to_a_built_graph_and_cap_the_draft(monkeypatch, builtin_tokenizer):
-    """Without the row attention kernel a compiled forward verifies in graphs of fixed sizes."""
-    sdpa_attention(monkeypatch)
+def compiled_verify_runner(monkeypatch, builtin_tokenizer) -> FastRunner:
+    """A compiled (aot_eager, dynamic shapes) runner on a tiny INT4 target, verify size 3 requested."""
     model = tiny_quantized("int4-block-q4_1", builtin_tokenizer)
     monkeypatch.delenv("TANDEM_COMPILE", raising=False)  # the suite's default is off
     real_compile = torch.compile
@@ -225,6 +224,13 @@ def test_compiled_verify_sizes_pad_to_a_built_graph_and_cap_the_draft(monkeypatc
     runner = FastRunner(model, compiled="auto", prefill_chunk=8, verify_sizes=(3,), dynamic_shapes=True)
     runner.warm_up()
     assert runner.is_compiled, runner.notice
+    return runner
+
+
+def test_compiled_verify_sizes_pad_to_a_built_graph_and_cap_the_draft(monkeypatch, builtin_tokenizer):
+    """Without the row attention kernel a compiled forward verifies in graphs of fixed sizes."""
+    sdpa_attention(monkeypatch)
+    runner = compiled_verify_runner(monkeypatch, builtin_tokenizer)
     assert runner.exact_sizes == [3] and runner.verify_limit == 3
     for n in (2, 3):  # 2 runs in the 3-token graph, its padding row after the real ones
         together, alone = verify_and_steps(runner, NEW[:n])
@@ -233,17 +239,7 @@ def test_compiled_verify_sizes_pad_to_a_built_graph_and_cap_the_draft(monkeypatc
 
 @pytest.mark.skipif(not ROW_KERNEL, reason="the row attention kernel does not run on this machine")
 def test_a_compiled_forward_on_the_row_kernel_verifies_any_size_exactly(monkeypatch, builtin_tokenizer):
-    model = tiny_quantized("int4-block-q4_1", builtin_tokenizer)
-    monkeypatch.delenv("TANDEM_COMPILE", raising=False)
-    real_compile = torch.compile
-    monkeypatch.setattr(
-        torch,
-        "compile",
-        lambda module, **kwargs: real_compile(module, backend="aot_eager", dynamic=True, fullgraph=True),
-    )
-    runner = FastRunner(model, compiled="auto", prefill_chunk=8, verify_sizes=(3,), dynamic_shapes=True)
-    runner.warm_up()
-    assert runner.is_compiled, runner.notice
+    runner = compiled_verify_runner(monkeypatch, builtin_tokenizer)
     assert runner.exact_sizes == [3] and runner.verify_limit is None  # no graph per verify size
     for n in (2, 3, 5):
         together, alone = verify_and_steps(runner, NEW[:n])

@@ -157,7 +157,8 @@ def verify_and_steps(runner, new: list[int]) -> tuple[torch.Tensor, torch.Tensor
     return together, alone
 
 
-ROW_KERNEL = rows_unavailable_reason() is None
+# the row attention kernel runs wherever the CPU has AVX2: there, a kernel that did not build fails
+AVX2 = {"avx2", "fma"} <= cpu_flags()
 
 
 def sdpa_attention(monkeypatch):
@@ -172,9 +173,9 @@ def test_verify_rows_of_a_block_quantized_target_are_its_one_token_steps_bit_for
     """Activations rounded to integers turn a verify forward's tiny float differences into other
     tokens; attention row by row keeps every row the one-token step's own result."""
     if attention == "row kernel":
-        assert ROW_KERNEL or "avx2" not in cpu_flags(), rows_unavailable_reason()
-        if not ROW_KERNEL:
-            pytest.skip(f"the row attention kernel does not run here: {rows_unavailable_reason()}")
+        if not AVX2:
+            pytest.skip("this CPU has no AVX2, where the row attention kernel runs")
+        assert rows_unavailable_reason() is None, rows_unavailable_reason()
     else:
         sdpa_attention(monkeypatch)
     runner = FastRunner(tiny_quantized("int4-block-q4_1", builtin_tokenizer), compiled="off")
@@ -192,11 +193,12 @@ def test_verify_rows_of_a_block_quantized_target_are_its_one_token_steps_bit_for
     ).exact_verify
 
 
-@pytest.mark.skipif(not ROW_KERNEL, reason="the row attention kernel does not run on this machine")
+@pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2, where the row attention kernel runs")
 def test_a_token_trees_rows_are_the_one_token_steps_along_each_path(builtin_tokenizer):
     """Under the row attention kernel a tree node's logits are bit for bit those of one-token steps
     over its path, so trees stay exact on a target that rounds activations."""
     runner = FastRunner(tiny_quantized("int4-block-q4_1", builtin_tokenizer), compiled="off")
+    assert runner.fast.row_attention, rows_unavailable_reason()
     ids, parents = [PROMPT[-1], 40, 8, 311, 77], [-1, 0, 0, 2, 1]
     runner.prefill(PROMPT[:-1])
     start = runner.cache_length
@@ -237,9 +239,10 @@ def test_compiled_verify_sizes_pad_to_a_built_graph_and_cap_the_draft(monkeypatc
         assert torch.equal(together, alone), n
 
 
-@pytest.mark.skipif(not ROW_KERNEL, reason="the row attention kernel does not run on this machine")
+@pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2, where the row attention kernel runs")
 def test_a_compiled_forward_on_the_row_kernel_verifies_any_size_exactly(monkeypatch, builtin_tokenizer):
     runner = compiled_verify_runner(monkeypatch, builtin_tokenizer)
+    assert runner.fast.row_attention, rows_unavailable_reason()
     assert runner.exact_sizes == [3] and runner.verify_limit is None  # no graph per verify size
     for n in (2, 3, 5):
         together, alone = verify_and_steps(runner, NEW[:n])

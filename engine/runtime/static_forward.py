@@ -198,11 +198,10 @@ class FastLlama(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
 
+        k_all, v_all = kv_cache.update(slots, k, v)  # [1, KV, S, D]
         if lengths is not None or visible is not None:
-            k_all, v_all = kv_cache.update(slots, k, v)
             y = attend_rows(q[0].transpose(0, 1), k_all, v_all, lengths, visible)  # [T, H, D]
             return attn.o_proj(y.view(1, T, H * D))
-        k_all, v_all = kv_cache.update(slots, k, v)  # [1, KV, S, D]
         k_all, v_all = k_all[:, :, :W], v_all[:, :, :W]  # [1, KV, W, D]
         # Grouped-query attention without repeating K/V: the G query heads that share a KV head
         # (heads kv*G .. kv*G+G-1, as in transformers' repeat_kv) become G*T query rows.

@@ -469,3 +469,35 @@ def test_training_prompts_mix_templates_with_work_on_texts_and_code_and_never_be
     assert sum("```python" in text for text in rest) >= 50 and sum("Translate" in text for text in rest) >= 10
     bench_turns = {turn for prompt in load_prompts(default_prompts_path()) for turn in prompt.turns}
     assert not bench_turns.intersection(instructions)
+
+
+def test_train_head_writes_texts_works_on_them_resumes_and_goes_on_from_a_head(tmp_path, tiny_model_dir):
+    from engine.cli.main import main
+    from engine.models.head import load_head
+    from engine.models.loading import load_model
+
+    out = tmp_path / "head"
+    argv = ["train-head", "--target", str(tiny_model_dir), "--out", str(out), "--prompts", "8", "--answer-tokens", "6",
+            "--epochs", "1", "--steps", "2", "--draft-vocab", "256", "--batch", "4", "--written-share", "0.5",
+            "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    written = [entry["text"] for entry in json.loads((out / "work" / "passages.json").read_text())]
+    assert len(written) == 3  # 4 tasks over texts at 2 a text, plus a quarter spare
+    config = json.loads((out / "config.json").read_text())
+    assert config["training"]["recipe"]["written_share"] == 0.5 and config["training"]["prompts"] == 8
+    head = load_head(out, load_model(str(tiny_model_dir), device="cpu").model)
+    assert head.config.draft_vocab_size == 256
+
+    stamp = (out / "work" / "passages.json").stat().st_mtime_ns
+    assert main(argv) == 0  # resumes: the texts are not written again
+    assert (out / "work" / "passages.json").stat().st_mtime_ns == stamp
+    assert main([*argv[:-2], "--written-share", "1.5"]) == 2
+
+    further = tmp_path / "further"
+    assert main([*argv[:4], str(further), "--prompts", "4", "--answer-tokens", "6", "--epochs", "1",
+                 "--written-share", "0", "--seed", "1", "--init-from", str(out), "--device", "cpu"]) == 0  # fmt: skip
+    trained_on = load_head(further, load_model(str(tiny_model_dir), device="cpu").model)
+    assert torch.equal(trained_on.draft_ids, head.draft_ids)  # the vocabulary stays
+    assert not torch.equal(trained_on.fc.weight, head.fc.weight)  # trained on from the first head
+    record = json.loads((further / "config.json").read_text())["training"]
+    assert record["started_from"]["training"]["recipe"]["written_share"] == 0.5

@@ -39,6 +39,14 @@ def add_train_head_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--layers", default="", help="target hidden states read, e.g. 2,15,27 (default: the last)"
     )
+    parser.add_argument(
+        "--written-share", type=float, default=defaults.written_share,
+        help="share of the prompts that work on a text the target writes first (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--init-from", default=None, metavar="DIR",
+        help="go on training this head (for the same target) instead of a new one: its vocabulary stays",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.set_defaults(handler=run_train_head)
@@ -48,11 +56,13 @@ def add_train_head_parser(subparsers) -> argparse.ArgumentParser:
 def run_train_head(args) -> int:
     import torch
 
-    from engine.models.head_prompts import training_prompts
+    from engine.models.head_passages import training_prompts
     from engine.models.head_training import TrainRecipe, train_head
     from engine.models.loaded import resolve_device
     from engine.models.loading import load_model
 
+    if not 0.0 <= args.written_share <= 1.0:
+        raise SettingsError(f"--written-share must be between 0 and 1, not {args.written_share}.")
     for name in ("prompts", "answer_tokens", "draft_vocab", "epochs", "steps", "batch"):
         if getattr(args, name) < 1:
             raise SettingsError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}.")
@@ -65,15 +75,20 @@ def run_train_head(args) -> int:
     device = resolve_device(args.device)
     recipe = TrainRecipe(
         prompts=args.prompts, answer_tokens=args.answer_tokens, draft_vocab=args.draft_vocab, epochs=args.epochs,
-        steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
+        steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed, written_share=args.written_share,
     )  # fmt: skip
     loaded = load_model(args.target, device=str(device), dtype=args.dtype)
     n_layers = loaded.model.config.num_hidden_layers
     if any(not 0 <= layer <= n_layers for layer in layers):
         raise SettingsError(f"--layers must be between 0 and {n_layers} for {loaded.name}.")
-    prompts = training_prompts(loaded.tokenizer, recipe.prompts, recipe.seed)
     began = time.perf_counter()
-    record = train_head(loaded, Path(args.out), recipe, prompts, device, layers or None)
+    prompts = training_prompts(loaded, recipe, device, Path(args.out) / "work")
+    init_from = None
+    if args.init_from:
+        from engine.models.head import find_head
+
+        init_from = find_head(loaded, args.init_from)  # a clear message for a folder that is not a head
+    record = train_head(loaded, Path(args.out), recipe, prompts, device, layers or None, init_from=init_from)
     record["this_run_wall_s"] = round(time.perf_counter() - began, 1)
     print(json.dumps(record, indent=1))
     print(f"Draft head written to {args.out}")

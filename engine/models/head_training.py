@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from engine.models.head import DraftHead, HeadConfig, save_head, target_fingerprint
+from engine.errors import SettingsError
+from engine.models.head import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
 
 
 @dataclass
@@ -39,6 +40,8 @@ class TrainRecipe:
     lr: float = 1e-3
     warmup: int = 50
     temperature: float = 0.7  # half the answers are sampled at this temperature, half greedy
+    # of the prompts: work on a text the target wrote first (engine.models.head_passages)
+    written_share: float = 0.0
     seed: int = 0
     checkpoint_every: int = 100
 
@@ -302,8 +305,10 @@ def train_head(
     device,
     layers: list[int] | None = None,
     log=print,
+    init_from: Path | None = None,
 ) -> dict:
-    """Runs (or resumes) the three stages and writes the head to `out`; returns the training record."""
+    """Runs (or resumes) the stages and writes the head to `out`; returns the training record.
+    `init_from`: a head folder for this target to go on training instead of a new head."""
     out = Path(out)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -322,9 +327,17 @@ def train_head(
     save_cost()
     counts = soft_counts(data["finals"], prompt_lengths, model.get_output_embeddings().weight.detach())
     answers = [s[p:] for s, p in zip(sequences, prompt_lengths, strict=True)]
-    vocabulary = choose_vocabulary(counts, answers, recipe.draft_vocab, loaded.eos_token_ids)
-
-    head = new_head(loaded, vocabulary, layers, recipe.seed).to(device)
+    if init_from is None:
+        vocabulary = choose_vocabulary(counts, answers, recipe.draft_vocab, loaded.eos_token_ids)
+        head = new_head(loaded, vocabulary, layers, recipe.seed).to(device)
+    else:  # further training of a head: its weights, layers and vocabulary
+        head = load_head(init_from, model, device=device, dtype=torch.float32).train()
+        if list(head.config.target_layers) != list(layers):
+            raise SettingsError(
+                f"The head in {init_from} reads layers {head.config.target_layers}, not {layers}."
+            )
+        vocabulary = head.draft_ids.cpu()
+        started_from = dict(head.config.training or {})
     embed = model.get_input_embeddings()
     teacher_head = model.get_output_embeddings().weight.detach()[vocabulary.to(device)].float()  # [N, C]
     head.lm_head.weight.data = teacher_head.clone()
@@ -370,7 +383,7 @@ def train_head(
         optimizer.step()
         trained_tokens += int(batch["weight"].sum())
         step += 1
-        bar.set_postfix(loss=f"{float(loss):.3f}", top1="/".join(f"{a:.2f}" for a in accuracy))
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1="/".join(f"{a:.2f}" for a in accuracy))
         bar.update(1)
         if step % recipe.checkpoint_every == 0 or step == total_steps:
             torch.save(
@@ -401,9 +414,11 @@ def train_head(
         "prompts": len(sequences),
         "tokens_generated": cost["tokens_generated"],
         "tokens_trained": cost["tokens_trained"],
-        "wall_s": round(cost.get("answers_s", 0) + cost.get("features_s", 0) + cost.get("train_s", 0), 1),
+        "wall_s": round(sum(cost.get(part, 0) for part in ("texts_s", "answers_s", "train_s")), 1),
         "device": str(device),
         "final_top1_by_step": [round(a, 3) for a in accuracy],
     }
+    if init_from is not None:
+        head.config.training["started_from"] = {"folder": Path(init_from).name, "training": started_from}
     save_head(head, out)
     return head.config.training

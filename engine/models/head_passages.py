@@ -126,6 +126,7 @@ def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, 
     """The target writes a text for each request (sampled at T = 0.8, batched); kept in work/passages.json
     so an interrupted run resumes. Returns (kind, text) for the texts long enough to work on."""
     from engine.models.chat_template import chat_prompt_ids
+    from engine.models.head_training import left_padded
 
     path = work / "passages.json"
     # [{"request", "text"}]: a run with other requests keeps only the texts written for its own
@@ -143,12 +144,8 @@ def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, 
         while len(written) < len(requests):
             chunk = requests[len(written) : len(written) + batch]
             prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": r}]) for _, r in chunk]
-            width = max(len(p) for p in prompts)
-            ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(prompts), width), dtype=torch.long)
-            for row, prompt in enumerate(prompts):  # left padding
-                ids[row, width - len(prompt) :] = torch.tensor(prompt)
-                mask[row, width - len(prompt) :] = 1
+            ids, mask = left_padded(prompts, pad)
+            width = ids.size(1)
             generated = model.generate(
                 input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=tokens, do_sample=True,
                 temperature=0.8, top_p=0.95, top_k=None, pad_token_id=pad, eos_token_id=sorted(loaded.eos_token_ids),

@@ -130,13 +130,20 @@ def generate_answers(
     return data
 
 
-def _answer_batch(model, tap, batch, recipe, number, pad, eos, device) -> dict:
-    width = max(len(p) for p in batch)
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, prompt in enumerate(batch):  # left padding
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths as one batch for generate: ids and attention mask, [B, longest]."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt) :] = torch.tensor(prompt)
         mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def _answer_batch(model, tap, batch, recipe, number, pad, eos, device) -> dict:
+    ids, mask = left_padded(batch, pad)
+    width = ids.size(1)
     sampled = number % 2 == 1  # every other batch sampled, the rest greedy
     tap.take()
     generated = model.generate(

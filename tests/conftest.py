@@ -18,6 +18,7 @@ if "TANDEM_NATIVE_DIR" not in os.environ:
 import pytest  # noqa: E402
 
 from engine.models.builtin import DEFAULT_TARGET  # noqa: E402
+from tests.tiny_models import build_tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,35 +52,6 @@ def builtin_model(builtin_folder):
     from engine.models.loading import load_model
 
     return load_model(DEFAULT_TARGET, device="cpu", dtype="float32")
-
-
-def build_tiny_llama(
-    tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64, vocab_size: int | None = None
-):
-    """A seeded random Llama small enough to run hundreds of forwards in a second."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    config = LlamaConfig(
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=vocab_size or len(tokenizer),
-        max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    # Random init gives near-uniform logits; a larger scale on the head makes argmaxes clear-cut,
-    # so greedy comparisons test the loop rather than fp32 tie-breaking.
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    return model.eval()
 
 
 @pytest.fixture(scope="session")

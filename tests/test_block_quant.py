@@ -105,7 +105,7 @@ def test_a_layer_whose_width_is_not_a_multiple_of_64_stays_float():
 
 
 def tiny_quantized(kernel: str, tokenizer):
-    from tests.conftest import build_tiny_llama
+    from tests.tiny_models import build_tiny_llama
 
     return qk.KERNELS[kernel].build(build_tiny_llama(tokenizer, seed=3, hidden=128, vocab_size=512))
 

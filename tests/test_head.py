@@ -363,7 +363,7 @@ class SamplingSetup:
 
 
 def sampling_setup(drafter_class, builtin_tokenizer) -> SamplingSetup:
-    from tests.conftest import build_tiny_llama
+    from tests.tiny_models import build_tiny_llama
 
     model = build_tiny_llama(builtin_tokenizer, seed=4, layers=2, vocab_size=V_SMALL)
     with torch.no_grad():

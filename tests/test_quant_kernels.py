@@ -13,7 +13,7 @@ from engine.models import quant_check as qc
 from engine.models import quant_kernels as qk
 from engine.models.quant_smoothing import fold_smoothing, input_channel_maxima
 from engine.models.quantize import precision_settings, quantize_checked
-from tests.conftest import build_tiny_llama
+from tests.tiny_models import build_tiny_llama
 
 
 @pytest.fixture(autouse=True)

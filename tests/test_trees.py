@@ -14,7 +14,7 @@ from engine.decoding.verify_cost import VerifyCostCurve
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner
 from engine.settings import SamplingSettings, SpeculationSettings
-from tests.conftest import build_tiny_llama
+from tests.tiny_models import build_tiny_llama
 
 CONTEXT = [5, 9, 1, 12, 7, 3]
 

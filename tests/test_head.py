@@ -501,3 +501,18 @@ def test_train_head_writes_texts_works_on_them_resumes_and_goes_on_from_a_head(t
     assert not torch.equal(trained_on.fc.weight, head.fc.weight)  # trained on from the first head
     record = json.loads((further / "config.json").read_text())["training"]
     assert record["started_from"]["training"]["recipe"]["written_share"] == 0.5
+    # a head for another target is refused before any work, with a message
+    assert (
+        main(
+            [
+                *argv[:2],
+                "builtin:smollm2-135m-instruct",
+                "--out",
+                str(tmp_path / "x"),
+                "--init-from",
+                str(out),
+            ]
+        )
+        == 2
+    )
+    assert not (tmp_path / "x").exists()

@@ -81,13 +81,14 @@ def run_train_head(args) -> int:
     n_layers = loaded.model.config.num_hidden_layers
     if any(not 0 <= layer <= n_layers for layer in layers):
         raise SettingsError(f"--layers must be between 0 and {n_layers} for {loaded.name}.")
+    init_from = None
+    if args.init_from:  # refused now, with a clear message, rather than after the answers
+        from engine.models.head import find_head, load_head
+
+        init_from = find_head(loaded, args.init_from)
+        layers = layers or list(load_head(init_from, loaded.model).config.target_layers)
     began = time.perf_counter()
     prompts = training_prompts(loaded, recipe, device, Path(args.out) / "work")
-    init_from = None
-    if args.init_from:
-        from engine.models.head import find_head
-
-        init_from = find_head(loaded, args.init_from)  # a clear message for a folder that is not a head
     record = train_head(loaded, Path(args.out), recipe, prompts, device, layers or None, init_from=init_from)
     record["this_run_wall_s"] = round(time.perf_counter() - began, 1)
     print(json.dumps(record, indent=1))

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from engine.models import native_ops
-from engine.models.cpu_features import cpu_flags
+from engine.models.cpu_features import cpu_flags, has_avx2
 
 BLOCK = 32
 PAIR = 2 * BLOCK  # the kernel works on pairs of blocks
@@ -46,7 +46,7 @@ def best_path() -> str:
     flags = cpu_flags()
     if {"avx512_vnni", "avx512vl"} <= flags:
         return "vnni"
-    if {"avx2", "fma"} <= flags:
+    if has_avx2():
         return "avx2"
     return "portable"
 

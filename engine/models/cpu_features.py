@@ -19,6 +19,11 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def has_avx2() -> bool:
+    """AVX2 with FMA: what Tandem's AVX2 kernel paths need."""
+    return {"avx2", "fma"} <= cpu_flags()
+
+
 def has_vnni() -> bool:
     return bool({"avx512_vnni", "avx_vnni", "avx_vnni_int8"} & cpu_flags())
 

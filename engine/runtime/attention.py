@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from engine.models import native_ops
-from engine.models.cpu_features import cpu_flags
+from engine.models.cpu_features import has_avx2
 
 # Verify forwards up to this many tokens may attend row by row (a call per row and layer)
 EXACT_ROWS = 16
@@ -55,7 +55,7 @@ def rows_unavailable_reason() -> str | None:
     """None when the row-by-row attention kernel runs on this machine, else why it does not."""
     if os.environ.get("TANDEM_ROW_ATTENTION", "").lower() == "off":
         return "turned off by TANDEM_ROW_ATTENTION=off"
-    if not {"avx2", "fma"} <= cpu_flags():
+    if not has_avx2():
         return "this CPU has no AVX2"
     error = native_ops.build_error()
     if error is not None:

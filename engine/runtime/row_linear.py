@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models import native_ops
-from engine.models.cpu_features import cpu_flags
+from engine.models.cpu_features import cpu_flags, has_avx2
 
 ROW_EXACT_ROWS = 16  # kRows in row_linear.cpp
 # Bumped when row_linear.cpp's speed changes, so that stored verify-cost curves are measured again.
@@ -31,7 +31,7 @@ def best_path() -> str | None:
     flags = cpu_flags()
     if "avx512f" in flags:
         return "avx512"
-    if {"avx2", "fma"} <= flags:
+    if has_avx2():
         return "avx2"
     return None
 

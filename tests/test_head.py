@@ -502,17 +502,7 @@ def test_train_head_writes_texts_works_on_them_resumes_and_goes_on_from_a_head(t
     record = json.loads((further / "config.json").read_text())["training"]
     assert record["started_from"]["training"]["recipe"]["written_share"] == 0.5
     # a head for another target is refused before any work, with a message
-    assert (
-        main(
-            [
-                *argv[:2],
-                "builtin:smollm2-135m-instruct",
-                "--out",
-                str(tmp_path / "x"),
-                "--init-from",
-                str(out),
-            ]
-        )
-        == 2
-    )
+    x = str(tmp_path / "x")
+    other = [*argv[:2], "builtin:smollm2-135m-instruct", "--out", x, "--init-from", str(out)]
+    assert main(other) == 2
     assert not (tmp_path / "x").exists()

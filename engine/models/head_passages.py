@@ -157,7 +157,7 @@ def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, 
                 progress(len(chunk))
     finally:
         torch.random.set_rng_state(generator_state)
-    kept = [(kind, tidy(text)) for (kind, _), text in zip(requests, written[: len(requests)], strict=True)]
+    kept = [(kind, tidy(text)) for (kind, _), text in zip(requests, written, strict=True)]
     return [(kind, text) for kind, text in kept if text]
 
 

@@ -506,3 +506,22 @@ def test_train_head_writes_texts_works_on_them_resumes_and_goes_on_from_a_head(t
     other = [*argv[:2], "builtin:smollm2-135m-instruct", "--out", x, "--init-from", str(out)]
     assert main(other) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_written_texts_are_kept_only_for_the_requests_they_were_written_for(tmp_path, make_tiny):
+    from engine.models.head_passages import write_passages, writing_requests
+
+    loaded = make_tiny()
+    first = writing_requests(3, seed=0)
+    write_passages(loaded, first, "cpu", tmp_path, batch=2, tokens=4)
+    stored = json.loads((tmp_path / "passages.json").read_text())
+    assert [entry["request"] for entry in stored] == [request for _, request in first]
+
+    changed = [first[0], ("email", "Write an email about nothing in particular."), first[2]]
+    rewritten: list[int] = []
+    write_passages(loaded, changed, "cpu", tmp_path, batch=2, tokens=4, progress=rewritten.append)
+    restored = json.loads((tmp_path / "passages.json").read_text())
+    assert [entry["request"] for entry in restored] == [request for _, request in changed]
+    assert restored[0]["text"] == stored[0]["text"]  # written for the same request: kept
+    # from the first request that differs on, every text is written anew, the third one too
+    assert sum(rewritten) == 2

@@ -303,6 +303,25 @@ def test_a_head_narrowed_or_widened_keeps_its_scores_on_the_tokens_it_keeps(tiny
     assert whole.config.draft_vocab_size == tiny.model.config.vocab_size
 
 
+def test_a_head_with_fused_projections_drafts_what_its_separate_layers_draft(tiny):
+    """Drafting joins q, k, v and gate, up into one layer each: the same rows, so the same scores."""
+    from engine.models.head_quant import quantized_layers
+
+    embed = tiny.model.get_input_embeddings()
+    ids = torch.randint(0, tiny.model.config.vocab_size, (1, 12))
+    features = torch.randn(1, 12, tiny.model.config.hidden_size)
+    head = random_head(tiny.model, 64, seed=3)
+    with torch.inference_mode():
+        separate = chained_log_probs(head, embed, ids, features, 2)
+        head.fuse_projections()
+        fused = chained_log_probs(head, embed, ids, features, 2)
+    names = set(quantized_layers(head))
+    assert {"midlayer.self_attn.qkv_proj", "midlayer.mlp.gate_up_proj"} <= names
+    assert not {"midlayer.self_attn.q_proj", "midlayer.mlp.up_proj"} & names
+    for before, after in zip(separate, fused, strict=True):
+        torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def builtin_engine(builtin_model):
     from engine.session import ChatEngine

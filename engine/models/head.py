@@ -83,8 +83,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        # one fused op: a draft step runs four of these, and in eager mode each op's call costs
+        return self.weight * F.rms_norm(x.float(), (x.size(-1),), eps=self.eps).to(x.dtype)
 
 
 class HeadAttention(nn.Module):
@@ -114,6 +114,9 @@ class HeadMLP(nn.Module):
         self.down_proj = nn.Linear(M, C, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        if hasattr(self, "gate_up_proj"):  # fused for drafting (DraftHead.fuse_projections)
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -217,9 +220,13 @@ class DraftHead(nn.Module):
         layer, attn = self.midlayer, self.midlayer.self_attn
         B, T, _ = hidden.shape
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2C]
-        q = attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        if hasattr(attn, "qkv_proj"):  # fused for drafting (fuse_projections)
+            q, k, v = attn.qkv_proj(x).split(attn.qkv_sizes, dim=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = q.view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
+        k = k.view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        v = v.view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
         cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # broadcast over heads
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -244,6 +251,30 @@ class DraftHead(nn.Module):
     def logits(self, out: Tensor) -> Tensor:
         """out [..., C] -> logits over the draft vocabulary [..., N]."""
         return self.lm_head(self.norm(out))
+
+    def fuse_projections(self) -> DraftHead:
+        """For drafting (in place): q, k, v as one linear layer and gate, up as one, each row the same
+        dot product; 4 projection calls a draft step instead of 7. Files keep the separate layers."""
+        attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
+        if hasattr(attn, "qkv_proj"):
+            return self
+        parts = (attn.q_proj, attn.k_proj, attn.v_proj)
+        attn.qkv_proj = _joined(parts)
+        attn.qkv_sizes = [part.out_features for part in parts]
+        mlp.gate_up_proj = _joined((mlp.gate_proj, mlp.up_proj))
+        for holder, name in ((attn, "q_proj"), (attn, "k_proj"), (attn, "v_proj")):
+            delattr(holder, name)
+        delattr(mlp, "gate_proj")
+        delattr(mlp, "up_proj")
+        return self
+
+
+def _joined(layers) -> nn.Linear:
+    """One bias-free nn.Linear whose output is the given layers' outputs side by side."""
+    weight = torch.cat([layer.weight.detach() for layer in layers])
+    joined = nn.Linear(weight.size(1), weight.size(0), bias=False, device=weight.device, dtype=weight.dtype)
+    joined.weight = nn.Parameter(weight, requires_grad=False)
+    return joined
 
 
 # --- files ----------------------------------------------------------------------------------------

@@ -55,8 +55,8 @@ def unavailable_reason(head: DraftHead) -> str | None:
 def quantized_layers(head: DraftHead) -> dict[str, nn.Module]:
     """The head's modules held in blocks, by name: the LM head and the layer's projections."""
     names = ["lm_head"]
-    names += [f"midlayer.self_attn.{name}" for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    names += [f"midlayer.mlp.{name}" for name in ("gate_proj", "up_proj", "down_proj")]
+    names += [f"midlayer.self_attn.{name}" for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")]
+    names += [f"midlayer.mlp.{name}" for name in ("gate_proj", "up_proj", "gate_up_proj", "down_proj")]
     modules = dict(head.named_modules())
     return {name: modules[name] for name in names if name in modules}
 

@@ -62,6 +62,8 @@ class HeadDrafter(Drafter):
             context_length, dtype=torch.bool, device=head.device
         )  # [S] slots holding an entry
         self.slots = torch.arange(context_length, device=head.device)
+        # RoPE's cos and sin for every slot, computed once: per draft step they were 8 small ops
+        self.rope_table = head.rope(self.slots)  # ([S, D], [S, D])
         self.context_length = context_length
         self.tokens: list[int] = []  # the sequence the cached entries were computed on
         self._pending: list[tuple[int, Tensor, list[int]]] = []  # (start, features [n, F*C], sequence)
@@ -204,7 +206,7 @@ class HeadDrafter(Drafter):
         """One head forward over entries at positions start.. ([n, C] features, [n] tokens) -> out [n, C]."""
         n = tokens.numel()
         positions = self.slots[start : start + n]  # [n]
-        cos, sin = self.head.rope(positions)  # [n, D]
+        cos, sin = (table[start : start + n] for table in self.rope_table)  # [n, D]
         embeds = self.embed_tokens(tokens).to(hidden.dtype)  # [n, C]
         q, k, v, residual = self.head.project(hidden[None], embeds[None], cos[None], sin[None])
         self.k_cache.index_copy_(2, positions, k)
@@ -258,6 +260,7 @@ def head_drafter(
         head = head.truncated(draft_vocab)
     elif draft_vocab:
         head = head.widened(draft_vocab, target.model.get_output_embeddings().weight)
+    head.fuse_projections()
     weights = None
     if quantize:
         head, weights = head_quant.quantized_if_agrees(head, target)

@@ -262,10 +262,7 @@ class DraftHead(nn.Module):
         attn.qkv_proj = _joined(parts)
         attn.qkv_sizes = [part.out_features for part in parts]
         mlp.gate_up_proj = _joined((mlp.gate_proj, mlp.up_proj))
-        for holder, name in ((attn, "q_proj"), (attn, "k_proj"), (attn, "v_proj")):
-            delattr(holder, name)
-        delattr(mlp, "gate_proj")
-        delattr(mlp, "up_proj")
+        del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
         return self
 
 

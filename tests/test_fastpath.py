@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.runtime.eager import ModelRunner
-from engine.runtime.fastpath import FastRunner, causal_mask
+from engine.runtime.fastpath import TREE, FastRunner, causal_mask
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -194,9 +194,10 @@ def test_compiled_shapes_match_eager(make_tiny, monkeypatch, dynamic):
     stages = []
     compiled.warm_up(progress=lambda stage, done, total: stages.append((done, total)), captures=[(), (1, 2)])
     assert compiled.is_compiled, compiled.notice
-    graphs = 2 if dynamic else 3  # one token and several; or sizes 1, 4 and 8 (the prefill chunk)
+    # one token, several and a token tree; or sizes 1, 4 and 8 (the prefill chunk)
+    graphs = 3
     assert stages[0] == (0, 2 * graphs) and stages[-1] == (2 * graphs, 2 * graphs)
-    assert set(compiled.compile_seconds) == ({1, 2} if dynamic else {1, 4, 8})
+    assert set(compiled.compile_seconds) == ({1, 2, TREE} if dynamic else {1, 4, 8})
 
     for expected, actual in zip(replay(eager, PROMPT), replay(compiled, PROMPT), strict=True):
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-4)
@@ -210,6 +211,37 @@ def test_compiled_shapes_match_eager(make_tiny, monkeypatch, dynamic):
         runner.forward([5, 6, 7, 8])
     torch.testing.assert_close(compiled.last_hidden[1], eager.last_hidden[1], atol=1e-5, rtol=1e-4)
     assert compiled.last_hidden[0] == eager.last_hidden[0] == len(PROMPT)
+
+
+def test_token_trees_run_on_the_compiled_graph_without_compiling_again(make_tiny, monkeypatch):
+    """Every tree size and depth runs on the one tree graph warm_up built, with the eager tree's logits."""
+    from torch._dynamo.utils import counters
+
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda module, **kwargs: real_compile(module, backend="aot_eager", dynamic=True)
+    )
+    loaded = make_tiny(seed=5)
+    eager, compiled = FastRunner(loaded.model, compiled="off"), FastRunner(loaded.model, compiled="auto")
+    compiled.warm_up()
+    assert compiled.is_compiled, compiled.notice
+    graphs = counters["stats"]["unique_graphs"]
+    on_graph = []
+    call_tree = compiled._call_compiled_tree
+    compiled._call_compiled_tree = lambda *args: on_graph.append(call_tree(*args)) or on_graph[-1]
+    trees = ([-1, 0, 0], [-1, 0, 1, 0], [-1, 0, 1, 2, 0, 4, 1])
+    for runner in (eager, compiled):
+        runner.reset()
+        runner.prefill(PROMPT)
+    for parents in trees:
+        ids = torch.arange(len(parents)) + 40
+        for runner in (eager, compiled):
+            runner.rollback(len(PROMPT))
+        expected, actual = eager.forward_tree(ids, parents), compiled.forward_tree(ids, parents)
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-4)
+    assert compiled.is_compiled, compiled.notice
+    assert len(on_graph) == len(trees) and None not in on_graph
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_an_eager_runner_compiles_later_and_keeps_its_cache(make_tiny, monkeypatch):
@@ -228,7 +260,7 @@ def test_an_eager_runner_compiles_later_and_keeps_its_cache(make_tiny, monkeypat
         rows.append(runner.forward([tokens[-1]])[-1])
         tokens.append(int(rows[-1].argmax()))
     assert not runner.is_compiled
-    assert runner.compile_now() and runner.is_compiled and runner.compile_seconds.keys() == {1, 2}
+    assert runner.compile_now() and runner.is_compiled and runner.compile_seconds.keys() == {1, 2, TREE}
     for _ in range(8):
         rows.append(runner.forward([tokens[-1]])[-1])
         tokens.append(int(rows[-1].argmax()))

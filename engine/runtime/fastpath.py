@@ -27,6 +27,9 @@ from engine.runtime.static_forward import FastLlama, causal_mask, unsupported_re
 ProgressCallback = Callable[[str, int, int], None]
 # Longest prompt piece one eager forward reads (bounds the attention scores' memory).
 EAGER_PREFILL_CHUNK = 512
+# The compiled token-tree graph (forward_tree), as _build names it; warmed up on a root with two children
+TREE = "tree"
+WARM_TREE = [-1, 0, 0]
 
 
 def _is_quantized(module: nn.Module) -> bool:
@@ -149,17 +152,17 @@ class FastRunner(ModelRunner):
         n, start = ids.numel(), self.cache_length
         assert parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, n)), parents
         assert start + n <= self.max_seq_length, (start, n, self.max_seq_length)
-        depth, ancestors = [0] * n, torch.eye(n, dtype=torch.bool, device=self.device)
-        for i in range(1, n):
-            depth[i] = depth[parents[i]] + 1
-            ancestors[i] |= ancestors[parents[i]]
-        mask = torch.cat([torch.ones((n, start), dtype=torch.bool, device=self.device), ancestors], dim=1)
-        positions = start + torch.tensor(depth, device=self.device)
-        slots = torch.arange(start, start + n, device=self.device)
+        positions, mask, slots = tree_inputs(parents, start, self.device)
         self._begin_capture()
-        hidden, captured = self.fast(
-            ids.view(1, -1), positions, mask, slots, 0, frozenset(self.capture_hidden)
-        )
+        result = None
+        if self._compiled is not None and self.dynamic_shapes:  # one graph serves every tree
+            capture = self.capture_hidden or self.compiled_capture
+            result = self._call_compiled_tree(self._compiled, ids, positions, mask, slots, capture)
+            if result is None:
+                self._compiled = None
+        if result is None:
+            result = self.fast(ids.view(1, -1), positions, mask, slots, 0, frozenset(self.capture_hidden))
+        hidden, captured = result
         logits = self.fast.logits(hidden[0]).float()  # [n, V]
         self._tree = (start, captured[:n] if self.capture_hidden else None)
         self.cache_length = start + n
@@ -239,14 +242,14 @@ class FastRunner(ModelRunner):
         return self._compiled is not None
 
     def _build(self, module, sizes, progress, captures) -> bool:
-        """Calls `module` once per graph to compile; with dynamic shapes that is two graphs per
-        capture (one token, several tokens), whatever `sizes` says, plus one per verify size where
-        verify rows must round as one-token steps do (`row_by_row`)."""
+        """Calls `module` once per graph to compile; with dynamic shapes that is three graphs per
+        capture (one token, several tokens, a token tree), whatever `sizes` says, plus one per verify
+        size where verify rows must round as one-token steps do (`row_by_row`)."""
         sizes = sorted(set(sizes or self.compiled_sizes))
         self.compiled_sizes = sorted({*self.compiled_sizes, *sizes})
         shapes = [(n, False) for n in sizes]
         if self.dynamic_shapes:
-            shapes = [(1, False), (2, False)]
+            shapes = [(1, False), (2, False)] + ([(TREE, False)] if self.supports_trees else [])
         if self.row_by_row:
             shapes += [(n, True) for n in self.exact_sizes]
         if captures is None:
@@ -265,6 +268,8 @@ class FastRunner(ModelRunner):
     def _warm_one(self, module, n: int, capture: tuple[int, ...], exact_rows: bool = False) -> bool:
         """One compiling call at the buffer's last slots, which a conversation reaches last and
         overwrites before it attends to them; skipped once a conversation has reached them."""
+        tree = n == TREE
+        n = len(WARM_TREE) if tree else n
         window = self.max_seq_length - (1 if self.dynamic_shapes else 0)
         start = window - n
         if start < self.cache_length + n:
@@ -272,9 +277,14 @@ class FastRunner(ModelRunner):
         begun = time.perf_counter()
         with torch.inference_mode():  # as real forwards run: the graph's guards check it
             ids = torch.zeros(n, dtype=torch.long, device=self.device)
-            if self._call_compiled(module, ids, start, window, capture, exact_rows) is None:
+            if tree:
+                positions, mask, slots = tree_inputs(WARM_TREE, start, self.device)
+                result = self._call_compiled_tree(module, ids, positions, mask, slots, capture)
+            else:
+                result = self._call_compiled(module, ids, start, window, capture, exact_rows)
+            if result is None:
                 return False
-        self.compile_seconds.setdefault(n, time.perf_counter() - begun)
+        self.compile_seconds.setdefault(TREE if tree else n, time.perf_counter() - begun)
         return True
 
     def _make_compiled(self):
@@ -375,6 +385,15 @@ class FastRunner(ModelRunner):
             captured = captured.clone() if captured is not None else None
         return hidden, captured
 
+    def _call_compiled_tree(self, module, ids, positions, mask, slots, capture):
+        """A token tree's forward on the compiled graph -> (hidden states, features), or None when
+        compiling or running it failed, which `notice` then says."""
+        try:
+            return module(ids.view(1, -1), positions, mask, slots, 0, frozenset(capture))
+        except Exception as error:  # noqa: BLE001 - any failure means: stay eager, and say so
+            self.notice = f"Running without compilation: compiling failed ({type(error).__name__}: {error})"
+            return None
+
     def _compiled_size(self, n: int, start: int) -> int | None:
         """The compiled shape a forward of n tokens runs in, or None to run it eagerly.
 
@@ -420,6 +439,19 @@ class FastRunner(ModelRunner):
         (which check autograd's dispatch keys) would fail and compile it again."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).view(-1)
         return ids if ids.is_inference() or not torch.is_inference_mode_enabled() else ids.clone()
+
+
+def tree_inputs(parents: list[int], start: int, device) -> tuple[Tensor, Tensor, Tensor]:
+    """A token tree's positions [n] (start + depth), mask [n, start + n] (the cache and each node's
+    ancestors, itself included) and KV slots [n] (start.., one per node)."""
+    n = len(parents)
+    depth, ancestors = [0] * n, torch.eye(n, dtype=torch.bool, device=device)
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+        ancestors[i] |= ancestors[parents[i]]
+    mask = torch.cat([torch.ones((n, start), dtype=torch.bool, device=device), ancestors], dim=1)
+    positions = start + torch.tensor(depth, device=device)
+    return positions, mask, torch.arange(start, start + n, device=device)
 
 
 def _rounds_activations_row_exactly(fast: FastLlama) -> bool:

@@ -55,10 +55,11 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-# Raised whenever FastLlama.forward's graph changes: a compile build's marker (engine.runtime.
-# compile_build) names the version it built, so a new graph is built in the background again
-# instead of being compiled from a cold cache before "Ready".
-GRAPH_VERSION = 4
+# Raised whenever FastLlama.forward's graph, or the set of graphs a runner builds, changes (5: the
+# token-tree graph): a compile build's marker (engine.runtime.compile_build) names the version it
+# built, so new graphs are built in the background again instead of compiled from a cold cache
+# before "Ready".
+GRAPH_VERSION = 5
 
 
 class FastLlama(nn.Module):

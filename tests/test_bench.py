@@ -358,6 +358,17 @@ def test_round_recorder_restores_the_model(make_tiny):
 # ---- the command on the built-in pair ----------------------------------------------------------
 
 
+def test_token_tree_rounds_are_counted_from_the_engines_stats():
+    from engine.stats import GenerationStats
+
+    stats = GenerationStats(rounds=4, drafted=4, accepted=2)
+    stats.tree_rounds, stats.tree_nodes, stats.off_chain_rounds = 3, 5, 1
+    one = bench_records.tally_from_stats(stats)
+    total = bench_records.Tally().add(one).add(bench_records.tally_from_stats(stats))
+    summary = bench_report.summarize(total, {}, None)
+    assert (summary["tree_rounds"], summary["tree_nodes"], summary["off_chain_rounds"]) == (6, 10, 2)
+
+
 @pytest.mark.slow
 def test_bench_command_on_builtin_pair(tmp_path, capsys):
     from engine.cli.main import main

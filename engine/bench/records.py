@@ -24,6 +24,11 @@ class Tally:
     position_reached: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     k_counts: Counter = field(default_factory=Counter)
+    # token trees: rounds verified as a tree, their nodes off the main branch, and rounds whose
+    # accepted path left the main branch (tokens a chain would not have kept)
+    tree_rounds: int = 0
+    tree_nodes: int = 0
+    off_chain_rounds: int = 0
 
     def add(self, other: Tally) -> Tally:
         self.calls += other.calls
@@ -39,6 +44,9 @@ class Tally:
         self.position_reached = add_lists(self.position_reached, other.position_reached)
         self.position_accepted = add_lists(self.position_accepted, other.position_accepted)
         self.k_counts.update(other.k_counts)
+        self.tree_rounds += other.tree_rounds
+        self.tree_nodes += other.tree_nodes
+        self.off_chain_rounds += other.off_chain_rounds
         return self
 
     def record_round(self, drafted: int, accepted: int) -> None:
@@ -111,6 +119,9 @@ def tally_from_stats(stats) -> Tally:
         position_reached=reached,
         position_accepted=list(stats.per_position_accepted),
         k_counts=Counter(stats.k_history),
+        tree_rounds=stats.tree_rounds,
+        tree_nodes=stats.tree_nodes,
+        off_chain_rounds=stats.off_chain_rounds,
     )
 
 

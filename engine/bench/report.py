@@ -49,6 +49,9 @@ def summarize(tally: Tally, reference_tps: dict[str, float | None], identical: f
         "mean_k": tally.mean_k,
         "k_distribution": {str(k): n for k, n in sorted(tally.k_counts.items())},
         "draft_step_s": tally.draft_step_s,
+        "tree_rounds": tally.tree_rounds,
+        "tree_nodes": tally.tree_nodes,
+        "off_chain_rounds": tally.off_chain_rounds,
     }
 
 

@@ -289,7 +289,7 @@ class DraftPlanner:
             return Plan(None, None, 0, None, 1)
         adaptive = controller.speculation.adaptive
         # Room for a tree only where trees are on and priced as trees: padding rows are free on the
-        # chain's path, not on a tree's (the uncompiled forward on a CPU), so a padded size is no room.
+        # chain's path, not necessarily on a tree's (its own graph), so a padded size is no room.
         tree_size = k + 1
         if controller.speculation.trees:  # a tree adds no emitted depth: only the cache must hold it
             tree_size = self.curve.widest_at_cost(k + 1, limit=MAX_TREE_SIZE)

@@ -38,8 +38,9 @@ class VerifyCostCurve:
     def __init__(self, decay: float = 0.8):
         self.decay = decay
         self.seconds: dict[int, float] = {}
-        # token-tree verifies, by size: their own path (a tree mask; on a compiled CPU runner, the
-        # uncompiled forward) can cost more than a chain of the same size, so they are priced apart
+        # token-tree verifies, by size: their own path (a tree mask, a graph of its own; an uncompiled
+        # forward where the runner has no tree graph) can cost more than a chain of the same size, so
+        # they are priced apart
         self.tree_seconds: dict[int, float] = {}
         self.recalibrations = 0
         # what drift is judged against: the first single-step figure, rescaled at each re-calibration
@@ -109,9 +110,9 @@ class VerifyCostCurve:
 
     def tree_price(self, m: int) -> float:
         """A tree verify of m nodes: its own timing, else the chain's figure times the dearest ratio a
-        timed tree size showed. (On a compiled CPU runner a tree runs the uncompiled forward, 1.5
-        chains there; priced at the chain's figure, every size not yet timed as a tree cost one
-        losing round to find out.)"""
+        timed tree size showed. (Where a tree runs the uncompiled forward, 1.5 chains on a compiled
+        CPU runner without a tree graph, every size not yet timed as a tree, priced at the chain's
+        figure, cost one losing round to find out.)"""
         if m in self.tree_seconds:
             return self.tree_seconds[m]
         chain = self.seconds[m]

@@ -13,7 +13,7 @@ import threading
 import traceback
 from collections.abc import Callable
 
-from engine.decoding.adaptive import DraftPlanner
+from engine.decoding.adaptive import MAX_TREE_SIZE, DraftPlanner
 from engine.decoding.drafters import (
     AutoDrafter,
     Drafter,
@@ -256,6 +256,7 @@ class ChatEngine:
                 if runner is not None and getattr(runner, "is_compiled", False):
                     runner.warm_up(progress=progress)
             self.calibrate(progress)
+            self._build_tree_graph(progress)
             if self.speculation.drafter in ("head", "auto"):  # loaded and checked now, not in a reply
                 self._fitting_head()
             # a CPU build that an earlier start finished: seconds from inductor's cache, before "Ready"
@@ -328,7 +329,20 @@ class ChatEngine:
         if not self._runner.compile_now(progress):
             return self._runner.notice or "Running without compilation."
         self._recalibrate(progress)
+        self._build_tree_graph(progress)
         return None
+
+    def _build_tree_graph(self, progress=None) -> None:
+        """A compiled CPU runner verifies token trees on a graph of its own, and none without it (the
+        uncompiled forward rounds apart from the compiled steps). That graph is one more to read back
+        at every start (seconds), so it is built only where the measured cost gives a tree room: a
+        verify forward one token wider than a one-token draft's costing at most what that draft's does."""
+        runner = self._runner
+        compiled_cpu = getattr(runner, "is_compiled", False) and getattr(runner, "dynamic_shapes", False)
+        if not compiled_cpu or runner.tree_graph or not self.speculation.trees:
+            return
+        if self._verify_curve.widest_at_cost(2, limit=MAX_TREE_SIZE) > 2:
+            runner.warm_up(progress=progress, trees=True)
 
     def _recalibrate(self, progress=None) -> None:
         """Measures the runner's verify cost again (it changed), keeping the curve object the planners hold."""

@@ -255,6 +255,8 @@ def test_a_compiled_runner_verifies_token_trees_on_its_own_graph(monkeypatch, bu
     the built-in INT4 target, greedy output left the target's own on 5 of 9 bench prompts when every
     round was a tree); on the compiled tree graph each node is the compiled steps' result."""
     runner = compiled_verify_runner(monkeypatch, builtin_tokenizer)
+    assert not runner.supports_trees  # until its tree graph is built
+    runner.warm_up(trees=True)
     on_graph = []
     call_tree = runner._call_compiled_tree
     runner._call_compiled_tree = lambda *args: on_graph.append(call_tree(*args)) or on_graph[-1]

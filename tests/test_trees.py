@@ -161,3 +161,30 @@ def test_sampling_through_a_tree_keeps_the_targets_distribution(builtin_tokenize
 
     broken_first, _, _, _ = emitted_pairs(3000, builtin_tokenizer, broken=True)
     assert p_value(broken_first, exact_first) < 1e-3, "the test missed a walk that ignores the target"
+
+
+def test_a_compiled_engine_builds_the_tree_graph_only_where_trees_get_room(make_tiny, monkeypatch):
+    """The tree graph is one more graph to read back at every start: a compiled CPU engine builds it
+    where the measured verify cost gives a tree room, and otherwise verifies chains only."""
+    from engine.session import ChatEngine
+
+    monkeypatch.delenv("TANDEM_COMPILE", raising=False)  # the suite's default is off
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda module, **kwargs: real_compile(module, backend="aot_eager", dynamic=True)
+    )
+    # trees off while it prepares: the tiny model's own measured curve decides nothing here
+    engine = ChatEngine(make_tiny(seed=5), None, SpeculationSettings(trees=False), compiled="on")
+    engine.prepare()
+    runner = engine._runner
+    assert runner.is_compiled and runner.dynamic_shapes and not runner.tree_graph
+    engine.speculation.trees = True
+    for seconds, room in (
+        ({1: 0.010, 2: 0.011, 3: 0.013, 5: 0.016}, False),
+        ({1: 0.010, 2: 0.010, 3: 0.010}, True),
+    ):
+        engine._verify_curve.seconds = seconds
+        engine._build_tree_graph()
+        assert runner.tree_graph == runner.supports_trees == room
+    finished = engine.generate_ids([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8])
+    assert finished.stats.generated_tokens > 0 and runner.is_compiled

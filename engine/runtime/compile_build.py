@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     def report(stage: str, done: int, total: int) -> None:
         print(f"{PROGRESS_PREFIX}{stage}\t{done}\t{total}", flush=True)
 
-    runner.warm_up(progress=report)
+    runner.warm_up(progress=report, trees=True)  # in the cache for engines whose verify cost gives trees room
     if not runner.is_compiled:
         print(runner.notice or "not compiled", file=sys.stderr)
         return 1

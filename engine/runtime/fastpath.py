@@ -86,6 +86,7 @@ class FastRunner(ModelRunner):
         self.compile_seconds: dict[int, float] = {}  # warmed-up size -> seconds its warm-up took
         self.notice = ""
         self._compiled = None
+        self.tree_graph = False  # whether the compiled forward has a token-tree graph (warm_up(trees=True))
         self._captured: Tensor | None = None
         # features the compiled forward returns even when no drafter reads them (a draft head's
         # layers): one graph serves rounds with and without the head, for the price of a concat
@@ -100,8 +101,6 @@ class FastRunner(ModelRunner):
         rounds = self.device.type == "cpu" and _rounds_activations_row_exactly(self.fast)
         self.row_by_row = rounds and self.dynamic_shapes and not self.fast.row_attention
         self.exact_verify = self.row_by_row or (rounds and self.fast.row_attention)
-        if self.row_by_row:
-            self.supports_trees = False
         if compiled not in ("auto", "off"):
             raise ValueError(f"compiled must be 'auto' or 'off', not {compiled!r}")
         if os.environ.get("TANDEM_COMPILE", "").lower() == "off":
@@ -140,7 +139,14 @@ class FastRunner(ModelRunner):
         self._end_capture()
         return rows[0] if len(rows) == 1 else torch.cat(rows)
 
-    supports_trees = True
+    @property
+    def supports_trees(self) -> bool:
+        """Whether rounds may verify token trees: not where verify rows attend row by row in SDPA
+        calls (`row_by_row`), and on a compiled CPU runner only once its tree graph is built
+        (warm_up(trees=True)): the uncompiled forward rounds apart from the compiled steps."""
+        if self.row_by_row:
+            return False
+        return self._compiled is None or not self.dynamic_shapes or self.tree_graph
 
     @torch.inference_mode()
     def forward_tree(self, ids, parents: list[int]) -> Tensor:
@@ -155,7 +161,7 @@ class FastRunner(ModelRunner):
         positions, mask, slots = tree_inputs(parents, start, self.device)
         self._begin_capture()
         result = None
-        if self._compiled is not None and self.dynamic_shapes:  # one graph serves every tree
+        if self._compiled is not None and self.dynamic_shapes and self.tree_graph:  # one graph, every tree
             capture = self.capture_hidden or self.compiled_capture
             result = self._call_compiled_tree(self._compiled, ids, positions, mask, slots, capture)
             if result is None:
@@ -216,12 +222,15 @@ class FastRunner(ModelRunner):
         sizes: Iterable[int] | None = None,
         progress: ProgressCallback | None = None,
         captures: Iterable[tuple[int, ...]] | None = None,
+        trees: bool = False,
     ) -> None:
         """Compiles the forward in use for `sizes` (default: all of `compiled_sizes`) and each feature
         capture in `captures` (default: what forwards capture now); falls back to eager, with a
         notice, when that fails. Real work: tens of seconds per graph on a small CPU, seconds from
-        inductor's cache; `progress(stage, done, total)` reports it."""
-        if self._compiled is not None and not self._build(self._compiled, sizes, progress, captures):
+        inductor's cache; `progress(stage, done, total)` reports it. `trees`: the token-tree graph
+        too, with dynamic shapes (one more graph to read back at every start, so the engine asks for
+        it where the measured verify cost gives trees room)."""
+        if self._compiled is not None and not self._build(self._compiled, sizes, progress, captures, trees):
             self._compiled = None
 
     def compile_refusal(self) -> str | None:
@@ -237,19 +246,20 @@ class FastRunner(ModelRunner):
         forwards). Seconds when inductor's cache holds the graphs (engine.runtime.compile_build
         puts them there), a minute or more when not. True when compiled."""
         if self._compiled is None:
-            self._compiled = self._make_compiled()
+            self._compiled, self.tree_graph = self._make_compiled(), False
             self.warm_up(progress=progress)
         return self._compiled is not None
 
-    def _build(self, module, sizes, progress, captures) -> bool:
-        """Calls `module` once per graph to compile; with dynamic shapes that is three graphs per
-        capture (one token, several tokens, a token tree), whatever `sizes` says, plus one per verify
-        size where verify rows must round as one-token steps do (`row_by_row`)."""
+    def _build(self, module, sizes, progress, captures, trees: bool = False) -> bool:
+        """Calls `module` once per graph to compile; with dynamic shapes that is two graphs per
+        capture (one token, several tokens), whatever `sizes` says, and a third for token trees when
+        `trees`; plus one per verify size where verify rows must round as one-token steps do
+        (`row_by_row`)."""
         sizes = sorted(set(sizes or self.compiled_sizes))
         self.compiled_sizes = sorted({*self.compiled_sizes, *sizes})
         shapes = [(n, False) for n in sizes]
         if self.dynamic_shapes:
-            shapes = [(1, False), (2, False)] + ([(TREE, False)] if self.supports_trees else [])
+            shapes = [(1, False), (2, False)] + ([(TREE, False)] if trees and not self.row_by_row else [])
         if self.row_by_row:
             shapes += [(n, True) for n in self.exact_sizes]
         if captures is None:
@@ -285,6 +295,7 @@ class FastRunner(ModelRunner):
             if result is None:
                 return False
         self.compile_seconds.setdefault(TREE if tree else n, time.perf_counter() - begun)
+        self.tree_graph = self.tree_graph or tree
         return True
 
     def _make_compiled(self):

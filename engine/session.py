@@ -38,10 +38,7 @@ CALIBRATION_TOKENS = 64
 # every verify size adaptive K uses at the default max K (1 + K for K = 0..8), then two larger ones
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17)
 STORED_CURVE_TOLERANCE = 1.5  # a stored curve whose single step is off by more than this is saved rescaled
-STORED_SHAPE_TOLERANCE = 1.15  # and one whose t(2)/t(1) or t(4)/t(1) is off by more (twice) is measured again
-CHECK_SIZES = (1, 2, 4)
 CHECK_REPEATS = 5
-SHAPE_JITTER_S = 0.002
 SUFFIX_HISTORY_LEAD = 8  # tokens of the prompt before a reply that go into the suffix index with it
 # Verify forwards of K+1 tokens compiled ahead when compilation is on; other sizes run eagerly.
 COMPILED_VERIFY_SIZES = (2, 3, 5)
@@ -194,12 +191,12 @@ class ChatEngine:
                 # make every estimate wrong. A quick check of a single step and of one verify size
                 # (well under a second) rescales it when the machine is faster or slower, and has it
                 # measured again when its shape is off: t(4) / t(1) is what adaptive K trades on.
-                now = self._measure(runner, CHECK_SIZES, repeats=CHECK_REPEATS)
-                if not self._shape_agrees(stored, now):
+                now = self._measure(runner, calibration.CHECK_SIZES, repeats=CHECK_REPEATS)
+                if not calibration.shape_agrees(stored, now):
                     # a moment of load can bend one quick measurement: only a second one confirms it
-                    now = self._measure(runner, CHECK_SIZES, repeats=CHECK_REPEATS)
+                    now = self._measure(runner, calibration.CHECK_SIZES, repeats=CHECK_REPEATS)
                 ratio = now[1] / stored[1]
-                if not self._shape_agrees(stored, now):
+                if not calibration.shape_agrees(stored, now):
                     stored = None
                 else:
                     stored = {n: t * ratio for n, t in stored.items()}
@@ -216,21 +213,6 @@ class ChatEngine:
                 calibration.save(key, self._verify_curve.seconds)
             self._step_time_s = self._verify_curve.seconds[1]
         return self._step_time_s
-
-    @staticmethod
-    def _shape_agrees(stored: dict[int, float], now: dict[int, float]) -> bool:
-        """Whether t(n) now, for each checked size n > 1, is what the stored curve's t(n) / t(1) predicts
-        from t(1) now: within STORED_SHAPE_TOLERANCE, or within SHAPE_JITTER_S (a small model's forwards
-        take a millisecond, and a scheduler's jitter alone bends their ratio)."""
-        for check in CHECK_SIZES[1:]:
-            if check not in now or check not in stored:
-                continue
-            expected = stored[check] / stored[1] * now[1]
-            shape = now[check] / expected
-            within = 1 / STORED_SHAPE_TOLERANCE <= shape <= STORED_SHAPE_TOLERANCE
-            if not (within or abs(now[check] - expected) <= SHAPE_JITTER_S):
-                return False
-        return True
 
     def _measure(self, runner, sizes, repeats: int = 3) -> dict[int, float]:
         """Seconds per forward over n new tokens after a short prompt, for n in `sizes`; the cache is emptied."""

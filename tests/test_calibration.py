@@ -30,10 +30,8 @@ def restart_tolerates_load(monkeypatch):
     load bends their ratio past the product's tolerance and the restart rightly measures again. These
     tests are about reading back, so they widen it; test_the_start_up_check_judges_two_token_verifies_too
     tests the tolerance itself."""
-    from engine import session
-
-    monkeypatch.setattr(session, "STORED_SHAPE_TOLERANCE", 4.0)
-    monkeypatch.setattr(session, "SHAPE_JITTER_S", 0.004)
+    monkeypatch.setattr(calibration, "STORED_SHAPE_TOLERANCE", 4.0)
+    monkeypatch.setattr(calibration, "SHAPE_JITTER_S", 0.004)
 
 
 def stages_of(engine: ChatEngine) -> list[str]:
@@ -134,8 +132,8 @@ def test_the_start_up_check_judges_two_token_verifies_too():
     """Seen on a 2-core CPU: a curve stored under load held t(2) = 1.07 single steps; quiet, a two-token
     verify cost 1.39, and the draft head, which mostly drafts one token, drafted rounds that lost."""
     stored = {1: 0.0189, 2: 0.0203, 4: 0.0245}
-    assert ChatEngine._shape_agrees(stored, {1: 0.0151, 2: 0.0162, 4: 0.0196})  # the same shape, faster
-    assert not ChatEngine._shape_agrees(stored, {1: 0.0151, 2: 0.0210, 4: 0.0196})  # t(2) now dear
-    assert not ChatEngine._shape_agrees(stored, {1: 0.0151, 2: 0.0162, 4: 0.0255})  # t(4) now dear
+    assert calibration.shape_agrees(stored, {1: 0.0151, 2: 0.0162, 4: 0.0196})  # the same shape, faster
+    assert not calibration.shape_agrees(stored, {1: 0.0151, 2: 0.0210, 4: 0.0196})  # t(2) now dear
+    assert not calibration.shape_agrees(stored, {1: 0.0151, 2: 0.0162, 4: 0.0255})  # t(4) now dear
     small = {1: 0.0010, 2: 0.0011, 4: 0.0012}  # a small model: a millisecond of jitter is no shape
-    assert ChatEngine._shape_agrees(small, {1: 0.0010, 2: 0.0016, 4: 0.0012})
+    assert calibration.shape_agrees(small, {1: 0.0010, 2: 0.0016, 4: 0.0012})

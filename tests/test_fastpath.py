@@ -298,7 +298,7 @@ def test_compile_failing_at_first_call_falls_back_with_notice(make_tiny, monkeyp
 
 def test_no_compiler_or_env_off(make_tiny, monkeypatch):
     loaded = make_tiny(seed=6)
-    monkeypatch.setattr("engine.runtime.fastpath.shutil.which", lambda name: None)
+    monkeypatch.setattr("engine.runtime.compile_cache.shutil.which", lambda name: None)
     fast = FastRunner(loaded.model, compiled="auto")
     assert not fast.is_compiled and "C++ compiler" in fast.notice
 

@@ -30,6 +30,11 @@ from engine.paths import cache_dir
 FILE_NAME = "calibration.json"
 MAX_AGE_S = 7 * 24 * 3600
 VERSION = 1  # bump when what is measured changes
+# A stored curve is checked at start-up against quick measurements of these sizes: one whose t(2)/t(1)
+# or t(4)/t(1) is off by more than STORED_SHAPE_TOLERANCE (twice) is measured again
+CHECK_SIZES = (1, 2, 4)
+STORED_SHAPE_TOLERANCE = 1.15
+SHAPE_JITTER_S = 0.002
 
 
 def cache_path() -> Path:
@@ -141,3 +146,18 @@ def save(key: str, seconds: dict[int, float], path: Path | None = None) -> None:
         os.replace(temp, path)
     except OSError:
         pass  # the next start measures again
+
+
+def shape_agrees(stored: dict[int, float], now: dict[int, float]) -> bool:
+    """Whether t(n) now, for each checked size n > 1, is what the stored curve's t(n) / t(1) predicts
+    from t(1) now: within STORED_SHAPE_TOLERANCE, or within SHAPE_JITTER_S (a small model's forwards
+    take a millisecond, and a scheduler's jitter alone bends their ratio)."""
+    for check in CHECK_SIZES[1:]:
+        if check not in now or check not in stored:
+            continue
+        expected = stored[check] / stored[1] * now[1]
+        shape = now[check] / expected
+        within = 1 / STORED_SHAPE_TOLERANCE <= shape <= STORED_SHAPE_TOLERANCE
+        if not (within or abs(now[check] - expected) <= SHAPE_JITTER_S):
+            return False
+    return True

@@ -9,6 +9,7 @@ lets the user clear them in one place. Call `configure_inductor` before the firs
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from engine.paths import cache_dir
@@ -73,3 +74,20 @@ def cache_hits() -> dict[str, int]:
         "bypass": int(inductor["fxgraph_cache_bypass"]),
         "autotuned": int(inductor["select_algorithm_autotune"]),
     }
+
+
+def is_quantized_module(module) -> bool:
+    """Whether a module holds quantized weights that the compiled forward does not take."""
+    name = type(module).__module__
+    if getattr(module, "compilable", True) is False:  # engine.models.quant_kernels' packed INT8
+        return True
+    return "quantized" in name or "bitsandbytes" in name or "torchao" in name
+
+
+def compiler_missing() -> str | None:
+    """Why inductor cannot build CPU kernels here, or None when a C++ compiler is present."""
+    compiler = os.environ.get("CXX") or "g++"
+    for name in (compiler, "g++", "clang++", "c++"):
+        if shutil.which(name):
+            return None
+    return "no C++ compiler found (install g++ or clang++ to let Tandem optimize models for this CPU)"

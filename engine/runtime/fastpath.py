@@ -1,7 +1,8 @@
 """FastRunner: a runner on the static-cache forward (engine.runtime.static_forward), compiled or eager.
 
 `FastRunner` keeps `ModelRunner`'s interface. With compiled="auto" it compiles its forward: on
-CPU with dynamic shapes (one graph for a single token, one for several, whatever the window); on
+CPU with dynamic shapes (one graph for a single token, one for several, whatever the window, and
+on request one for token trees); on
 CUDA a bounded set of sizes for CUDA graphs (decode 1 token, verify K+1 for each K in use, prefill
 in fixed chunks), running anything else eagerly on the same buffers. If compiling is impossible or
 fails, it stays eager and says why in `notice`.
@@ -10,19 +11,20 @@ fails, it stays eager and says why in `notice`.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from engine.models.block_quant import prefill_chunk_for, rounds_activations_per_row
 from engine.models.memory import cache_tokens_for
 from engine.runtime.attention import EXACT_ROWS
+from engine.runtime.compile_cache import compiler_missing, is_quantized_module
 from engine.runtime.eager import ModelRunner
 from engine.runtime.protocol import Runner
-from engine.runtime.static_forward import FastLlama, causal_mask, unsupported_reason
+from engine.runtime.static_forward import FastLlama, causal_mask, tree_inputs, unsupported_reason
 
 ProgressCallback = Callable[[str, int, int], None]
 # Longest prompt piece one eager forward reads (bounds the attention scores' memory).
@@ -30,32 +32,6 @@ EAGER_PREFILL_CHUNK = 512
 # The compiled token-tree graph (forward_tree), as _build names it; warmed up on a root with two children
 TREE = "tree"
 WARM_TREE = [-1, 0, 0]
-
-
-def _is_quantized(module: nn.Module) -> bool:
-    name = type(module).__module__
-    if getattr(module, "compilable", True) is False:  # engine.models.quant_kernels' packed INT8
-        return True
-    return "quantized" in name or "bitsandbytes" in name or "torchao" in name
-
-
-def compiler_missing() -> str | None:
-    """Why inductor cannot build CPU kernels here, or None when a C++ compiler is present."""
-    compiler = os.environ.get("CXX") or "g++"
-    for name in (compiler, "g++", "clang++", "c++"):
-        if shutil.which(name):
-            return None
-    return "no C++ compiler found (install g++ or clang++ to let Tandem optimize models for this CPU)"
-
-
-def default_prefill_chunk(model) -> int:
-    """Prompt tokens per forward: 32, or more where block-quantized layers switch to a float GEMM
-    above the sizes decoding and verification use (engine.models.block_quant.INTEGER_ROWS)."""
-    from engine.models.block_quant import INTEGER_ROWS, BlockQuantLinear
-
-    if any(type(m) is BlockQuantLinear for m in model.modules()):
-        return 2 * INTEGER_ROWS
-    return 32
 
 
 class FastRunner(ModelRunner):
@@ -80,7 +56,7 @@ class FastRunner(ModelRunner):
         self.max_seq_length = max_seq_length or cache_tokens_for(model.config)
         self.context_length = self.max_seq_length
         self.fast = FastLlama(model, self.max_seq_length).eval()
-        self.prefill_chunk = prefill_chunk or default_prefill_chunk(model)
+        self.prefill_chunk = prefill_chunk or prefill_chunk_for(model)
         self.compiled_sizes = sorted({1, self.prefill_chunk, *verify_sizes})
         self.compile_mode = compile_mode
         self.compile_seconds: dict[int, float] = {}  # warmed-up size -> seconds its warm-up took
@@ -98,7 +74,7 @@ class FastRunner(ModelRunner):
         # one-token steps do, or drafting is not exact. The row attention kernel does so in any forward,
         # trees included; else each row attends in its own SDPA call (`row_by_row`) and each verify
         # size is a compiled graph of its own (`verify_limit` caps K), and trees are off.
-        rounds = self.device.type == "cpu" and _rounds_activations_row_exactly(self.fast)
+        rounds = self.device.type == "cpu" and rounds_activations_per_row(self.fast)
         self.row_by_row = rounds and self.dynamic_shapes and not self.fast.row_attention
         self.exact_verify = self.row_by_row or (rounds and self.fast.row_attention)
         if compiled not in ("auto", "off"):
@@ -235,7 +211,7 @@ class FastRunner(ModelRunner):
 
     def compile_refusal(self) -> str | None:
         """Why this runner cannot be compiled at all, or None."""
-        if any(_is_quantized(module) for module in self.fast.modules()):
+        if any(is_quantized_module(module) for module in self.fast.modules()):
             return "quantized weights are not compiled"
         if self.device.type == "cpu":
             return compiler_missing()
@@ -450,27 +426,6 @@ class FastRunner(ModelRunner):
         (which check autograd's dispatch keys) would fail and compile it again."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).view(-1)
         return ids if ids.is_inference() or not torch.is_inference_mode_enabled() else ids.clone()
-
-
-def tree_inputs(parents: list[int], start: int, device) -> tuple[Tensor, Tensor, Tensor]:
-    """A token tree's positions [n] (start + depth), mask [n, start + n] (the cache and each node's
-    ancestors, itself included) and KV slots [n] (start.., one per node)."""
-    n = len(parents)
-    depth, ancestors = [0] * n, torch.eye(n, dtype=torch.bool, device=device)
-    for i in range(1, n):
-        depth[i] = depth[parents[i]] + 1
-        ancestors[i] |= ancestors[parents[i]]
-    mask = torch.cat([torch.ones((n, start), dtype=torch.bool, device=device), ancestors], dim=1)
-    positions = start + torch.tensor(depth, device=device)
-    return positions, mask, torch.arange(start, start + n, device=device)
-
-
-def _rounds_activations_row_exactly(fast: FastLlama) -> bool:
-    """Whether the forward's layers round activations per row, alike whatever the number of rows
-    (engine.models.block_quant): bit-for-bit verify rows then need row-by-row attention too."""
-    from engine.models.block_quant import BlockQuantLinear
-
-    return any(type(module) is BlockQuantLinear for module in fast.modules())
 
 
 def make_runner(model, device=None, compiled: str = "auto", verify_sizes: Iterable[int] = ()) -> Runner:

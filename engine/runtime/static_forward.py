@@ -216,3 +216,16 @@ def causal_mask(input_pos: Tensor, window: int) -> Tensor:
     """[T, window] bool: row t may attend to slots 0..input_pos[t]."""
     slots = torch.arange(window, device=input_pos.device)
     return slots.unsqueeze(0) <= input_pos.unsqueeze(1)
+
+
+def tree_inputs(parents: list[int], start: int, device) -> tuple[Tensor, Tensor, Tensor]:
+    """A token tree's positions [n] (start + depth), mask [n, start + n] (the cache and each node's
+    ancestors, itself included) and KV slots [n] (start.., one per node)."""
+    n = len(parents)
+    depth, ancestors = [0] * n, torch.eye(n, dtype=torch.bool, device=device)
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+        ancestors[i] |= ancestors[parents[i]]
+    mask = torch.cat([torch.ones((n, start), dtype=torch.bool, device=device), ancestors], dim=1)
+    positions = start + torch.tensor(depth, device=device)
+    return positions, mask, torch.arange(start, start + n, device=device)

@@ -2,10 +2,9 @@
 
 `FastRunner` keeps `ModelRunner`'s interface. With compiled="auto" it compiles its forward: on
 CPU with dynamic shapes (one graph for a single token, one for several, whatever the window, and
-on request one for token trees); on
-CUDA a bounded set of sizes for CUDA graphs (decode 1 token, verify K+1 for each K in use, prefill
-in fixed chunks), running anything else eagerly on the same buffers. If compiling is impossible or
-fails, it stays eager and says why in `notice`.
+on request one for token trees); on CUDA a bounded set of sizes for CUDA graphs (decode 1 token,
+verify K+1 for each K in use, prefill in fixed chunks), running anything else eagerly on the same
+buffers. If compiling is impossible or fails, it stays eager and says why in `notice`.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from engine.events import Event, Failed, Finished
 from engine.models.chat_template import chat_prompt_ids
 from engine.models.loaded import LoadedModel
 from engine.models.quantize import no_drafting_note
-from engine.runtime.fastpath import make_runner
+from engine.runtime.fastest_runner import make_runner
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 

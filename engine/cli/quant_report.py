@@ -172,7 +172,7 @@ def decode_ms(models: dict, context: int, steps: int, rounds: int) -> dict[str, 
     """Median ms of a one-token forward after `context` tokens, on each model's draft runner."""
     import torch
 
-    from engine.runtime.fastpath import make_runner
+    from engine.runtime.fastest_runner import make_runner
 
     runners = {name: make_runner(model, compiled="off") for name, model in models.items()}
     prompt = torch.randint(0, 1000, (context,))

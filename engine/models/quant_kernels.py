@@ -365,10 +365,11 @@ def _unavailable_reason(kernel: Kernel) -> str | None:
         engine = name.removeprefix("int8-dynamic-")
         if engine != "plain" and engine not in torch.backends.quantized.supported_engines:
             return f"torch has no {engine} quantized engine here"
-    try:  # one tiny layer through the kernel proves the op exists on this build
+    try:  # one small layer through the kernel proves the op exists on this build
         device = "cuda" if kernel.device_type == "cuda" else "cpu"
-        layer = nn.Linear(64, 32, bias=False).to(device)
-        kernel.build(nn.Sequential(layer))[0](torch.randn(2, 64, device=device))
+        # 256 inputs: CUDA's int4pack takes rows of whole 128-wide tiles
+        layer = nn.Linear(256, 64, bias=False).to(device)
+        kernel.build(nn.Sequential(layer))[0](torch.randn(2, 256, device=device))
     except Exception as exc:  # an op missing from this torch build means "not here"
         return f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:160]}"
     return None

@@ -2,9 +2,9 @@
 
 `FastRunner` keeps `ModelRunner`'s interface. With compiled="auto" it compiles its forward: on
 CPU with dynamic shapes (one graph for a single token, one for several, whatever the window, and
-on request one for token trees); on CUDA a bounded set of sizes for CUDA graphs (decode 1 token,
-verify K+1 for each K in use, prefill in fixed chunks), running anything else eagerly on the same
-buffers. If compiling is impossible or fails, it stays eager and says why in `notice`.
+on request one for token trees); on CUDA it replays CUDA graphs captured from the eager forward
+(engine.runtime.cuda_graphs), one per token count up to GRAPHED_TOKENS (decode, verify, trees) and
+one per prompt chunk. If compiling is impossible or fails, it stays eager and says why in `notice`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from engine.models.block_quant import prefill_chunk_for, rounds_activations_per_
 from engine.models.memory import cache_tokens_for
 from engine.runtime.attention import EXACT_ROWS
 from engine.runtime.compile_cache import compiler_missing, is_quantized_module
-from engine.runtime.eager import ModelRunner
-from engine.runtime.protocol import Runner
-from engine.runtime.static_forward import FastLlama, causal_mask, tree_inputs, unsupported_reason
+from engine.runtime.cuda_graphs import GraphedForward, graph_size, graph_window
+from engine.runtime.eager import ModelRunner, ids_on
+from engine.runtime.static_forward import FastLlama, causal_mask, tree_inputs
 
 ProgressCallback = Callable[[str, int, int], None]
 # Longest prompt piece one eager forward reads (bounds the attention scores' memory).
@@ -37,7 +37,7 @@ class FastRunner(ModelRunner):
     """ModelRunner on FastLlama: static KV buffers, free rollback, compiled forwards for a few shapes.
 
     compiled: "auto" compiles when it can (CPU: inductor with dynamic shapes, cached on disk;
-    CUDA: CUDA graphs per size), "off" stays eager. `notice` says why it is eager when "auto" could not compile.
+    CUDA: CUDA graphs per size, or inductor's with compile_mode="reduce-overhead"), "off" stays eager. `notice` says why it is eager when "auto" could not compile.
     """
 
     def __init__(
@@ -136,8 +136,10 @@ class FastRunner(ModelRunner):
         positions, mask, slots = tree_inputs(parents, start, self.device)
         self._begin_capture()
         result = None
-        if self._compiled is not None and self.dynamic_shapes and self.tree_graph:  # one graph, every tree
+        if self._compiled is not None and (self.tree_graph or self.graphed):  # one graph, every tree
             capture = self.capture_hidden or self.compiled_capture
+            if self.graphed:  # a graph per tree size, over a fixed window
+                mask = F.pad(mask, (0, graph_window(start + n, self.max_seq_length) - mask.shape[-1]))
             result = self._call_compiled_tree(self._compiled, ids, positions, mask, slots, capture)
             if result is None:
                 self._compiled = None
@@ -191,6 +193,11 @@ class FastRunner(ModelRunner):
     @property
     def is_compiled(self) -> bool:
         return self._compiled is not None
+
+    @property
+    def graphed(self) -> bool:
+        """Whether forwards replay CUDA graphs captured from the eager forward (engine.runtime.cuda_graphs)."""
+        return isinstance(self._compiled, GraphedForward)
 
     def warm_up(
         self,
@@ -256,6 +263,8 @@ class FastRunner(ModelRunner):
         tree = n == TREE
         n = len(WARM_TREE) if tree else n
         window = self.max_seq_length - (1 if self.dynamic_shapes else 0)
+        if self.graphed:  # the window early replies use
+            window = graph_window(n, self.max_seq_length)
         start = window - n
         if start < self.cache_length + n:
             return True
@@ -278,10 +287,12 @@ class FastRunner(ModelRunner):
         if refusal:
             self.notice = f"Running without compilation: {refusal}."
             return None
+        mode = self.compile_mode or ("cuda-graphs" if self.device.type == "cuda" else None)
+        if mode == "cuda-graphs":
+            return GraphedForward(self.fast)
         from engine.runtime.compile_cache import configure_inductor
 
         configure_inductor(self.device, freeze=not self.dynamic_shapes)
-        mode = self.compile_mode or ("reduce-overhead" if self.device.type == "cuda" else None)
         mode = None if mode == "default" else mode
         try:
             # The forward's modules never change once built (weights, caches and buffers are updated in
@@ -315,8 +326,10 @@ class FastRunner(ModelRunner):
             hidden = self._run_compiled(ids, start, window=start + n)
         elif size is not None:
             # One graph per size: it attends over every slot (the mask hides the unwritten ones), and
-            # padding writes slots past the end, which are masked until overwritten.
-            hidden = self._run_compiled(F.pad(ids, (0, size - n)), start, window=self.max_seq_length)
+            # padding writes slots past the end, which are masked until overwritten. CUDA graphs
+            # attend over a window that grows in steps as the conversation does.
+            window = graph_window(start + size, self.max_seq_length) if self.graphed else self.max_seq_length
+            hidden = self._run_compiled(F.pad(ids, (0, size - n)), start, window=window)
         if hidden is None:
             hidden, self._captured = self._call(self.fast, ids, start, start + n, self.capture_hidden, exact)
         logits = self.fast.logits(hidden[n - 1 : n] if last_only else hidden[:n]).float()
@@ -375,23 +388,29 @@ class FastRunner(ModelRunner):
         """A token tree's forward on the compiled graph -> (hidden states, features), or None when
         compiling or running it failed, which `notice` then says."""
         try:
-            return module(ids.view(1, -1), positions, mask, slots, 0, frozenset(capture))
+            hidden, captured = module(ids.view(1, -1), positions, mask, slots, 0, frozenset(capture))
         except Exception as error:  # noqa: BLE001 - any failure means: stay eager, and say so
             self.notice = f"Running without compilation: compiling failed ({type(error).__name__}: {error})"
             return None
+        if self.device.type == "cuda":  # the next CUDA-graph replay reuses its output buffers
+            return hidden.clone(), None if captured is None else captured.clone()
+        return hidden, captured
 
     def _compiled_size(self, n: int, start: int) -> int | None:
         """The compiled shape a forward of n tokens runs in, or None to run it eagerly.
 
-        Dynamic shapes: every n. Fixed sizes: sizes in `compiled_sizes` run as they are; longer runs
-        than any verify size are padded to one prefill chunk; anything else (a K nobody warmed up)
-        runs eagerly.
+        Dynamic shapes: every n. CUDA graphs: n up to GRAPHED_TOKENS, longer runs padded to one
+        prefill chunk. Other fixed sizes: sizes in `compiled_sizes` run as they are; longer runs than
+        any verify size are padded to one prefill chunk; anything else (a K nobody warmed up) runs
+        eagerly.
         """
         if self._compiled is None:
             return None
         if self.dynamic_shapes:
             return n
-        if n in self.compiled_sizes:
+        if self.graphed:
+            size = graph_size(n, self.prefill_chunk)
+        elif n in self.compiled_sizes:
             size = n
         elif n > max(s for s in self.compiled_sizes if s != self.prefill_chunk):
             size = self.prefill_chunk
@@ -423,25 +442,5 @@ class FastRunner(ModelRunner):
     def _as_ids(self, ids) -> Tensor:
         """[n] long ids; an inference tensor like every other input, or a compiled graph's guards
         (which check autograd's dispatch keys) would fail and compile it again."""
-        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).view(-1)
+        ids = ids_on(self.device, ids).view(-1)
         return ids if ids.is_inference() or not torch.is_inference_mode_enabled() else ids.clone()
-
-
-def make_runner(model, device=None, compiled: str = "auto", verify_sizes: Iterable[int] = ()) -> Runner:
-    """The fastest runner this model supports.
-
-    compiled: "auto" compiles on CUDA now and leaves CPU runners eager, to be compiled later
-    (ChatEngine.prepare and optimize_in_background): on a small CPU the first build takes a minute
-    or more. "on" compiles now wherever it can, "off" never compiles. Models the fast path does not
-    support get the generic runner; `runner.notice` says so.
-    """
-    if compiled not in ("auto", "on", "off"):
-        raise ValueError(f"compiled must be 'auto', 'on' or 'off', not {compiled!r}")
-    reason = unsupported_reason(model)
-    if reason is not None:
-        runner = ModelRunner(model, device)
-        runner.notice = f"Generic path: {reason}."
-        return runner
-    runner_device = torch.device(device) if device is not None else next(model.parameters()).device
-    compile_now = compiled == "on" or (compiled == "auto" and runner_device.type == "cuda")
-    return FastRunner(model, device, compiled="auto" if compile_now else "off", verify_sizes=verify_sizes)

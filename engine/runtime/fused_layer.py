@@ -96,6 +96,13 @@ def _already_fused(linears: list[nn.Linear], weight: Tensor) -> bool:
     return start == weight.shape[0]
 
 
+# On a GPU, half-precision norms run as torch's one RMSNorm kernel rather than the model's seven
+# (upcast, square, mean, rsqrt, two products, downcast): at one token a step is bound by kernel
+# count, not bytes. It rounds once where the model's module rounds twice; eager and graphed
+# forwards run the same kernel, so each is exactly the other.
+ONE_KERNEL_NORM_ON_CUDA = True
+
+
 class FusedLayer(nn.Module):
     """forward(x, kv_cache, slots, cos, sin_signed, attn_mask, window, exact_rows) for one Llama/Qwen2 layer.
 
@@ -160,7 +167,7 @@ class FusedLayer(nn.Module):
             # The G query heads that share a KV head become G*T query rows (no repeated K/V).
             q = qk[:, :, :H].transpose(1, 2).reshape(1, KV, G * T, D)
             y = attend(q, k_all, v_all, attn_mask, T, exact_rows)  # [1, KV, G*T, D]
-            y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
+            y = y.reshape(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
         x = x + row_linear.project(self.o_proj, y, self.linear_path)
         h = self._norm(x, self.post_norm)
         if self.gate_up_quant is not None:
@@ -171,9 +178,9 @@ class FusedLayer(nn.Module):
         return x + row_linear.project(self.down_proj, F.silu(gate) * up, self.linear_path)
 
     def _norm(self, x: Tensor, norm) -> Tensor:
-        if x.dtype == torch.float32:
+        if x.dtype == torch.float32 or (x.is_cuda and ONE_KERNEL_NORM_ON_CUDA):
             return F.rms_norm(x, (self.hidden_size,), norm.weight, self.eps)
-        return norm(x)  # the model's own rounding for half-precision inputs
+        return norm(x)  # the model's own rounding for half-precision inputs on a CPU
 
 
 def signed_sin(sin: Tensor) -> Tensor:

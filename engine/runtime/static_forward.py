@@ -208,7 +208,7 @@ class FastLlama(nn.Module):
         # (heads kv*G .. kv*G+G-1, as in transformers' repeat_kv) become G*T query rows.
         q = q.reshape(1, KV, G * T, D)
         y = attend(q, k_all, v_all, attn_mask, T, exact_rows)  # [1, KV, G*T, D]
-        y = y.view(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
+        y = y.reshape(1, H, T, D).transpose(1, 2).reshape(1, T, H * D)
         return attn.o_proj(y)  # [1, T, C]
 
 

@@ -34,7 +34,7 @@ from engine.decoding.stop import StopMatcher
 from engine.decoding.tree import verify_tree
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.events import Event, Finished, RoundStats, TextPiece, TokenSpan
-from engine.runtime.eager import ModelRunner
+from engine.runtime.eager import ModelRunner, ids_on
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 
@@ -83,13 +83,12 @@ def speculative_round(
     tree_size: int | None = None,
 ) -> RoundResult:
     # 1. Draft up to k tokens (k = 0 or no drafter: a plain decoding step).
-    start = time.perf_counter()
+    clock = RoundClock(target.device)
     if drafter is not None:
         drafter.catch_up_s = 0.0
     drafting = drafter is not None and k > 0
     draft = drafter.propose(context, k) if drafting else empty_draft(target.vocab_size, target.device)
-    target.synchronize()
-    drafted_at = time.perf_counter()
+    clock.mark()
     if cancel is not None and cancel.is_set():
         if drafting:
             drafter.update([])
@@ -108,11 +107,11 @@ def speculative_round(
         tree = drafter.tree(context, draft.tokens.tolist(), tree_size - 1)
         if tree is not None:
             outcome, _ = verify_tree(target, tree, context, sampling, generator, noise)
-            verified_at = time.perf_counter()
+            clock.mark()
             drafter.update(outcome.accepted)
             return RoundResult(
-                outcome.accepted + [outcome.next_token], drafted, len(outcome.accepted), drafted_at - start,
-                verified_at - drafted_at, drafter.catch_up_s, len(tree) + 1, len(tree) - drafted,
+                outcome.accepted + [outcome.next_token], drafted, len(outcome.accepted), *clock.split(),
+                drafter.catch_up_s, len(tree) + 1, len(tree) - drafted,
                 any(node >= tree.chain_length for node in outcome.path),
             )  # fmt: skip
 
@@ -121,7 +120,7 @@ def speculative_round(
     #    come after every real row, so causal attention keeps them out of the real rows' logits).
     size = verify_size if verify_size is not None and drafted == k else drafted + 1
     size = max(size, drafted + 1)
-    last_token = torch.tensor([context[-1]], dtype=torch.long, device=target.device)
+    last_token = ids_on(target.device, [context[-1]])
     padding = last_token.expand(size - drafted - 1)
     target_logits = target.forward(torch.cat([last_token, draft.tokens, padding]))[: drafted + 1]  # [K+1, V]
 
@@ -139,10 +138,10 @@ def speculative_round(
         num_accepted, next_token = accept_reject(
             draft_tokens, draft.probs.unsqueeze(0), target_probs.unsqueeze(0), generator
         )
+    clock.mark()
     n, next_id, *draft_ids = torch.cat(
         [num_accepted, next_token, draft.tokens]
     ).tolist()  # the round's host sync
-    verified_at = time.perf_counter()
 
     # 4. Roll both caches back past the rejected draft tokens (and any padding).
     accepted = draft_ids[:n]
@@ -150,9 +149,34 @@ def speculative_round(
     if drafting:
         drafter.update(accepted)
     return RoundResult(
-        accepted + [next_id], drafted, n, drafted_at - start, verified_at - drafted_at,
-        drafter.catch_up_s if drafter is not None else 0.0, size,
+        accepted + [next_id], drafted, n, *clock.split(), drafter.catch_up_s if drafter is not None else 0.0, size
     )  # fmt: skip
+
+
+class RoundClock:
+    """A round's draft and verify times. On a GPU, from events read after the round's one host sync
+    (the accepted count), so timing the draft apart costs no sync of its own; elsewhere the host clock."""
+
+    def __init__(self, device: torch.device):
+        self.events = (
+            [torch.cuda.Event(enable_timing=True) for _ in range(3)] if device.type == "cuda" else None
+        )
+        self.times: list[float] = []
+        self.mark()
+
+    def mark(self) -> None:
+        """The round's start, the draft's end, the verify's end."""
+        if self.events is not None:
+            self.events[len(self.times)].record()
+        self.times.append(time.perf_counter())
+
+    def split(self) -> tuple[float, float]:
+        """(draft seconds, verify seconds), once the three marks are made."""
+        if self.events is None:
+            return self.times[1] - self.times[0], self.times[2] - self.times[1]
+        start, drafted, verified = self.events
+        verified.synchronize()  # done already when the accepted count was read
+        return start.elapsed_time(drafted) / 1000, drafted.elapsed_time(verified) / 1000
 
 
 def planner_for(

@@ -16,6 +16,17 @@ import torch
 from engine.models.loaded import context_length_of
 
 
+def ids_on(device: torch.device, ids) -> torch.Tensor:
+    """Token ids (a list or a tensor) as a long tensor on `device`. A list bound for a GPU goes
+    through pinned memory without blocking, so the host does not wait for the GPU's queue to drain
+    (a plain copy from a Python list waits for it: a host sync in every round)."""
+    if isinstance(ids, torch.Tensor):
+        return ids.to(device=device, dtype=torch.long)
+    if device.type == "cuda":
+        return torch.tensor(ids, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
+    return torch.as_tensor(ids, dtype=torch.long, device=device)
+
+
 class ModelRunner:
     supports_trees = False  # no tree attention on a DynamicCache: chains only (see FastRunner)
 
@@ -70,7 +81,7 @@ class ModelRunner:
     def _forward(self, ids, logits_to_keep: int) -> torch.Tensor:
         if self.cache is None:
             self.reset()
-        input_ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).view(1, -1)  # [1, n]
+        input_ids = ids_on(self.device, ids).view(1, -1)  # [1, n]
         n = input_ids.size(1)
         assert n >= 1 and self.cache_length + n <= self.context_length, (self.cache_length, n)
         positions = torch.arange(self.cache_length, self.cache_length + n, device=self.device)  # [n]

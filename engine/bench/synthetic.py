@@ -24,45 +24,17 @@ from pathlib import Path
 
 import torch
 
+from engine.bench.forward_timing import agreement, bound, step_times, synchronize
 from engine.bench.random_pair import CONFIGS, NumberedTokens, build_model, int4_copy, model_bytes
 
 ALPHAS = (0.6, 0.7, 0.8)
 MAX_VERIFY = 16
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def runner_for(model, device, graphed: bool, max_seq_length: int):
     from engine.runtime.fastpath import FastRunner
 
     return FastRunner(model, device, max_seq_length, compiled="auto" if graphed else "off")
-
-
-def step_times(runner, context: list[int], sizes, reps: int, tree: bool = False) -> dict[int, float]:
-    """Median seconds of one forward over n new tokens after `context`, sizes interleaved. tree: a
-    token tree of n nodes (a root, then two branches) instead of a chain."""
-    device = runner.device
-    runner.reset()
-    runner.prefill(context[:-1])
-    start = runner.cache_length
-    times = {n: [] for n in sizes}
-    for rep in range(reps + 2):
-        for n in sizes:
-            ids = torch.tensor([context[-1]] + [7 + i for i in range(n - 1)], device=device)
-            synchronize(device)
-            begun = time.perf_counter()
-            if tree:
-                runner.forward_tree(ids, [-1] + [max(0, i - 2) for i in range(1, n)])
-            else:
-                runner.forward(ids)
-            synchronize(device)
-            if rep >= 2:  # two rounds to capture graphs and warm caches
-                times[n].append(time.perf_counter() - begun)
-            runner.rollback(start)
-    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def generate_with(
@@ -113,19 +85,6 @@ def loop_run(target, drafter, prompts, new_tokens, k, device, curve=None, temper
     )
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def bound(alpha: float, t_target: float, t_draft: float, t_verify: dict[int, float]) -> tuple[float, int]:
-    """Best speed-up over K of E(K) * t_target / (K * t_draft + t_verify(K + 1)), and that K."""
-    best = max(
-        (expected_tokens(alpha, k) * t_target / (k * t_draft + t_verify[k + 1]), k)
-        for k in range(1, max(t_verify))
-    )
-    return round(best[0], 3), best[1]
-
-
 def hf_generate(model, prompts, new_tokens: int, device, assistant=None) -> dict:
     outputs, seconds, made = [], 0.0, 0
     for prompt in prompts:
@@ -145,26 +104,13 @@ def hf_generate(model, prompts, new_tokens: int, device, assistant=None) -> dict
     return dict(tok_s=made / seconds, outputs=outputs)
 
 
-def same_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
-    """How many outputs equal the reference's, and where the others first leave it."""
-    identical = sum(a == b for a, b in zip(outputs, reference, strict=True))
-    first = [same_prefix(a, b) for a, b in zip(outputs, reference, strict=True) if a != b]
-    return dict(identical=identical, of=len(reference), first_difference_at=first)
-
-
 class Report:
     def __init__(self, path: Path | None, only: set[str] | None = None):
         self.path, self.data, self.only = path, {}, only
 
-    def part(self, name: str, measure) -> None:
-        if self.only and name not in self.only:
+    def part(self, name: str, measure, opt_in: bool = False) -> None:
+        """Measures one part; `opt_in` parts (minutes of compiling) only when --parts names them."""
+        if (self.only or opt_in) and name not in (self.only or ()):
             return
         begun = time.perf_counter()
         try:
@@ -190,6 +136,7 @@ def run(
 ):
     from engine.decoding.drafters.model import ModelDrafter
     from engine.decoding.verify_cost import VerifyCostCurve
+    from engine.runtime.fastpath import FastRunner
 
     target_name, draft_name = pair.split(":")
     report = Report(out, only)
@@ -330,6 +277,27 @@ def run(
 
     if device.type == "cuda":
         report.part("norm_kernels", norm_kernels)
+
+    def draft_inductor():
+        """The draft's decode step compiled by inductor (reduce-overhead: fused kernels in a CUDA graph)
+        against the graph of its eager kernels: at one token a small model's step is bound by kernel
+        count. Compiles one shape, a minute or more."""
+        runner = FastRunner(draft, device, max_seq, compiled="auto", compile_mode="reduce-overhead")
+        begun = time.perf_counter()
+        runner.warm_up(sizes=[1])
+        compile_s = time.perf_counter() - begun
+        token = torch.tensor([context[0]], device=device)
+        times = []
+        for _ in range(30):
+            runner.reset()
+            synchronize(device)
+            started = time.perf_counter()
+            runner.forward(token)
+            synchronize(device)
+            times.append(time.perf_counter() - started)
+        return dict(compile_s=compile_s, step_ms=1000 * statistics.median(times[5:]), notice=runner.notice)
+
+    report.part("draft_inductor", draft_inductor, opt_in=True)
     curve = VerifyCostCurve()
     if t_verify:
         curve.replace(t_verify)

@@ -392,6 +392,42 @@ def test_a_break_even_costly_drafter_does_not_lose_through_its_probes():
     assert simulate(drafter()) >= 0.97 * simulate(drafter(), k=0)
 
 
+def test_a_draft_as_slow_as_the_target_is_hardly_probed_even_over_many_short_replies():
+    """Every draft token accepted, but each draft step costs a target step: no K can beat a plain
+    step, so once measured it is probed once in MAX_PROBE_INTERVAL rounds, not again at every
+    reply's start (on a GPU such probes cost 10-17 % of a short reply)."""
+    drafter = SyntheticDrafter("model", lambda rng, k, c: k, 1.05 * true_verify(1))
+    curve = curve_of(TRUE_VERIFY)
+    planner = DraftPlanner([(drafter, KController(SpeculationSettings(), curve))], curve)
+    drafted_rounds = []
+    for _reply in range(40):
+        planner.start_reply()
+        for _ in range(64):
+            plan = planner.plan([], limit=16)
+            draft_s = plan.k * drafter.draft_step_s
+            size = max(plan.verify_size, plan.k + 1)
+            planner.observe(plan, SimulatedRound(plan.k, plan.k, draft_s, true_verify(size), 0.0, size))
+            drafted_rounds.append(plan.k > 0)
+    assert sum(drafted_rounds[128:]) <= 2, sum(drafted_rounds)
+
+
+def test_one_slow_first_draft_step_does_not_condemn_a_good_drafter():
+    """A draft's first steps on a GPU may include capturing its graphs: thirty times its real cost."""
+    rng = random.Random(0)
+    drafter = SyntheticDrafter("model", geometric_outcome(0.8), 0.05)
+    curve = curve_of(TRUE_VERIFY)
+    planner = DraftPlanner([(drafter, KController(SpeculationSettings(), curve))], curve)
+    drafted_rounds = []
+    for round_index in range(400):
+        plan = planner.plan([], limit=16)
+        accepted = drafter.outcome(rng, plan.k, None) if plan.k else 0
+        draft_s = plan.k * drafter.draft_step_s * (30 if round_index == 0 else 1)
+        size = max(plan.verify_size, plan.k + 1)
+        planner.observe(plan, SimulatedRound(plan.k, accepted, draft_s, true_verify(size), 0.0, size))
+        drafted_rounds.append(plan.k > 0)
+    assert sum(drafted_rounds[200:]) > 150
+
+
 def test_acceptance_follows_a_prompt_where_the_draft_is_suddenly_poor():
     """A head measured at 0.5 over 2,000 tokens meets a prompt where it is right 12 % of the time
     (another language, say): adaptive K must stop drafting early in the reply. With a memory of about

@@ -71,6 +71,7 @@ class KController:
         self.calibration = ConfidenceCalibration()
         self.empty_share = 0.0
         self._probe_interval, self._since_probe, self._probing = probe_every, 0, False
+        self._fastest_draft_step_s, self._draft_steps_seen = float("inf"), 0
 
     @property
     def alpha(self) -> float:
@@ -92,7 +93,22 @@ class KController:
         self.plain = best_rate <= plain_rate * (1 + self.margin)
         if not self.plain:
             return best_k
+        if not self.could_win(cap, plain_rate):  # a probe can only lose: once in MAX_PROBE_INTERVAL rounds
+            self._probe_interval = self.MAX_PROBE_INTERVAL
         return self.probe_k(best_k, cap) if self.due_probe() else 0
+
+    def could_win(self, cap: int, plain_rate: float) -> bool:
+        """Whether some K would beat a plain step if the target accepted every draft token, at the
+        fastest draft step measured (one slow step, such as a GPU graph's first capture, must not
+        condemn a drafter). A draft whose step costs about a target step never can (the target
+        drafting for itself on a GPU, where verifying 5 tokens costs 1.07 steps)."""
+        if self._draft_steps_seen < 2:
+            return True
+        for k in range(1, cap + 1):
+            cost = self.curve.estimate(k + 1) + k * self._fastest_draft_step_s
+            if (k + 1) / cost > plain_rate * (1 + self.margin):
+                return True
+        return False
 
     def best(self, cap: int, condition=None) -> tuple[int | None, float, float]:
         """(best K in 1..cap, its expected tokens/s, a plain step's tokens/s); K None before measurements."""
@@ -176,6 +192,8 @@ class KController:
         self.acceptance.observe(drafted, accepted, condition)
         step = draft_s / drafted
         self.draft_step_s = step if self.draft_step_s is None else 0.8 * self.draft_step_s + 0.2 * step
+        self._fastest_draft_step_s = min(self._fastest_draft_step_s, step)
+        self._draft_steps_seen += 1
 
     def expected_rate(self, k: int, condition=None, optimism: float = 0.0) -> float | None:
         """Tokens per second expected with K = k (under `condition`, for a lookup drafter); with

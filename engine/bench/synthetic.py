@@ -38,8 +38,9 @@ def runner_for(model, device, graphed: bool, max_seq_length: int):
 
 
 def generate_with(
-    target, drafter, prompt: list[int], new_tokens: int, k, temperature: float = 0.0, curve=None
+    target, drafter, prompt: list[int], new_tokens: int, k, temperature: float = 0.0, curve=None, planner=None
 ):
+    """One reply; `planner` carries what adaptive K measured over from earlier replies, as the app's does."""
     from engine.decoding.drafters import NoDrafter
     from engine.decoding.speculative import generate, planner_for
     from engine.settings import SamplingSettings, SpeculationSettings
@@ -50,7 +51,8 @@ def generate_with(
     target.reset()
     if hasattr(drafter, "reset"):
         drafter.reset()
-    planner = planner_for(drafter, speculation, curve) if curve is not None else None
+    if planner is None and curve is not None:
+        planner = planner_for(drafter, speculation, curve)
     finished = generate(
         target, drafter, prompt, sampling, speculation, set(), NumberedTokens(), planner=planner
     )
@@ -58,18 +60,31 @@ def generate_with(
 
 
 def loop_run(target, drafter, prompts, new_tokens, k, device, curve=None, temperature=0.0) -> dict:
-    """Tandem's loop over every prompt: tokens/s, acceptance, and the round's parts."""
-    outputs, totals = [], dict(tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, draft=0.0, verify=0.0)
+    """Tandem's loop over every prompt (one planner for them all, as over a conversation's turns):
+    tokens/s, acceptance, and the round's parts."""
+    from engine.decoding.speculative import planner_for
+    from engine.settings import SpeculationSettings
+
+    outputs = []
+    totals = dict(
+        tokens=0, seconds=0.0, drafted=0, accepted=0, rounds=0, drafted_rounds=0, draft=0.0, verify=0.0
+    )
+    planner = None
+    if drafter is not None and curve is not None:
+        planner = planner_for(drafter, SpeculationSettings(k=k, trees=False), curve)
+    # untimed, on a planner of its own: first captures and library set-up stay out of the figures
+    generate_with(target, drafter, prompts[0], 8, k, temperature)
     for prompt in prompts:
         synchronize(device)
         begun = time.perf_counter()
-        tokens, stats = generate_with(target, drafter, prompt, new_tokens, k, temperature, curve)
+        tokens, stats = generate_with(target, drafter, prompt, new_tokens, k, temperature, curve, planner)
         synchronize(device)
         totals["seconds"] += time.perf_counter() - begun
         totals["tokens"] += len(tokens)
         totals["drafted"] += stats.drafted
         totals["accepted"] += stats.accepted
         totals["rounds"] += stats.rounds
+        totals["drafted_rounds"] += sum(1 for k in stats.k_history if k > 0)
         totals["draft"] += stats.draft_time_s
         totals["verify"] += stats.verify_time_s
         outputs.append(tokens)
@@ -81,6 +96,7 @@ def loop_run(target, drafter, prompts, new_tokens, k, device, curve=None, temper
         draft_ms_per_round=1000 * totals["draft"] / rounds,
         verify_ms_per_round=1000 * totals["verify"] / rounds,
         rounds=totals["rounds"],
+        drafted_rounds=totals["drafted_rounds"],
         outputs=outputs,
     )
 

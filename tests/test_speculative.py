@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from engine.decoding.drafters import AutoDrafter, ModelDrafter, NgramDrafter, NoDrafter, SuffixDrafter
-from engine.decoding.speculative import generate, speculative_round
+from engine.decoding.speculative import generate, planner_for, speculative_round
+from engine.decoding.verify_cost import VerifyCostCurve
 from engine.events import RoundStats, TextPiece
 from engine.runtime.eager import ModelRunner
 from engine.settings import SamplingSettings, SpeculationSettings
@@ -288,6 +289,29 @@ def test_catching_up_after_plain_rounds_is_not_priced_as_drafting(target, other_
     assert drafter.catch_up_s == 0.0
     drafter.propose(prompt_ids + [5, 6, 7, 8, 9, 10], 2)  # five plain rounds were skipped
     assert drafter.catch_up_s > 0
+
+
+def test_a_losing_draft_model_reads_the_next_prompt_only_when_it_drafts(
+    target, other_draft, prompt_ids, reference
+):
+    """A planner that decodes plainly (the draft loses here) skips the draft's prompt read; a probe
+    catches it up, and the output stays the target's."""
+    drafter = make_drafter("other", target, other_draft)
+    curve = VerifyCostCurve()
+    curve.replace({1: 0.01, 2: 0.011, 5: 0.012})
+    planner = planner_for(drafter, SpeculationSettings(), curve)
+    controller = planner.members[0][1]
+    controller.draft_step_s, planner.plain = 1.0, True  # a draft far too slow: plain, a probe in 32 rounds
+    read, prefill = [], drafter.prefill
+    drafter.prefill = lambda context: (read.append(len(context)), prefill(context))
+    sampling = SamplingSettings(max_new_tokens=NEW_TOKENS)
+    finished = generate(
+        ModelRunner(target.model), drafter, prompt_ids, sampling, SpeculationSettings(), target.eos_token_ids,
+        target.tokenizer, planner=planner,
+    )  # fmt: skip
+    assert list(finished.token_ids) == reference
+    assert read == []  # the prompt was not read up front
+    assert 0 < sum(k > 0 for k in finished.stats.k_history) <= 2  # the probe caught it up
 
 
 def test_padded_verify_gives_the_same_round(target, other_draft, prompt_ids):

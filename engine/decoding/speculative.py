@@ -332,7 +332,9 @@ def generate(
         drafter_started = time.perf_counter()
         try:
             for member in planner.drafters:
-                member.prefill(prompt_ids)
+                # a draft model that loses here reads the prompt on its next probe, if one comes
+                if not (planner.plain and member.reads_prompt_when_drafting):
+                    member.prefill(prompt_ids)
         except Cancelled:
             return finish("cancelled")
         stats.prefill_time_s += time.perf_counter() - drafter_started

@@ -43,6 +43,9 @@ class Drafter:
     name = "none"
     # forwards a round costs besides the target's; zero for drafters without a model
     has_model = False
+    # its catch-up reads whatever tokens it has not seen (a draft model): while the planner decodes
+    # plainly, it need not read a prompt it may never draft after
+    reads_prompt_when_drafting = False
     sampling = SamplingSettings()
     # seconds the last proposal spent reading tokens the drafter had skipped (after plain rounds);
     # a one-off cost that must not count as the per-token price of drafting

@@ -17,6 +17,7 @@ class ModelDrafter(Drafter):
     """A smaller causal LM (possibly quantized) with its own KV cache, sampling with the target's warpers."""
 
     has_model = True
+    reads_prompt_when_drafting = True
 
     def __init__(self, runner: ModelRunner, target_vocab_size: int, name: str = "draft", target_device=None):
         self.runner = runner

@@ -167,6 +167,11 @@ CASES: list[Case] = [
         ("bench", "--limit", "1", "--repeat", "0"),
         r"--repeat must be 1 or more",
     ),
+    Case(
+        "bench synthetic pair unknown",
+        ("bench", "--synthetic", "qwen2.5-7b:llama-70b"),
+        r"--synthetic takes TARGET:DRAFT from qwen2.5-7b",
+    ),
 ]
 
 

@@ -47,3 +47,24 @@ def test_the_bound_is_the_best_k_of_its_formula():
     by_k = {k: expected_tokens(0.7, k) / (k * 0.1 + t_verify[k + 1]) for k in range(1, 5)}
     assert k == max(by_k, key=by_k.get) and speed == round(by_k[k], 3)
     assert expected_tokens(0.0, 4) == 1.0
+
+
+def test_tandem_cli_bench_runs_the_report_with_its_own_options(tmp_path):
+    from engine.cli.main import main
+
+    out = tmp_path / "report.json"
+    argv = [
+        "bench",
+        "--synthetic",
+        "tiny:tiny-draft",
+        "--device",
+        "cpu",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "8",
+    ]
+    assert main([*argv, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["environment"]["prompts"] == 1 and report["environment"]["new_tokens"] == 8
+    assert "summary" in report

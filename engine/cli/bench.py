@@ -6,6 +6,7 @@ import importlib.util
 import platform
 import sys
 import time
+from pathlib import Path
 
 from engine.bench.methods import METHOD_KINDS, HFSettings, Method
 from engine.errors import SettingsError
@@ -77,7 +78,38 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument(
         "--hf-lookup-tokens", type=int, default=hf.lookup_tokens, help="hf-lookup: prompt_lookup_num_tokens"
     )
+    parser.add_argument(
+        "--synthetic",
+        metavar="TARGET:DRAFT",
+        default=None,
+        help="instead of the prompt set: what decoding costs on this device, on random-weight models built "
+        "from published configs (qwen2.5-7b:qwen2.5-0.5b on a GPU; tiny:tiny-draft anywhere); --json, "
+        "--limit (prompts) and --max-new-tokens apply",
+    )
     parser.set_defaults(handler=run_bench)
+
+
+def run_synthetic(args) -> int:
+    """`bench --synthetic`: engine.bench.synthetic's report, printed part by part."""
+    import torch
+
+    from engine.bench import synthetic
+
+    names = args.synthetic.split(":")
+    if len(names) != 2 or not all(name in synthetic.CONFIGS for name in names):
+        raise SettingsError(
+            f"--synthetic takes TARGET:DRAFT from {', '.join(synthetic.CONFIGS)}, not {args.synthetic!r}"
+        )
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
+    device = torch.device("cpu" if device == "auto" else device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SettingsError("--device cuda needs an NVIDIA GPU and a CUDA build of torch")
+    if args.json_path:
+        check_writable(args.json_path)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    json_path = Path(args.json_path) if args.json_path else None
+    synthetic.run(args.synthetic, device, dtype, args.limit or 4, 128, args.max_new_tokens, json_path)
+    return 0
 
 
 def draft_kind(draft_arg: str | None) -> str:
@@ -221,6 +253,8 @@ def save_report(report: dict, path: str, write_report) -> str:
 
 
 def run_bench(args) -> int:
+    if args.synthetic:
+        return run_synthetic(args)
     from tqdm import tqdm
 
     from engine.bench import methods as bench_methods

@@ -4,7 +4,7 @@ Random weights cost what trained ones cost, but they accept nothing a trained dr
 measures the costs (the target alone, t_verify(n), each draft's step, the loop's own overhead with
 a draft that is the target itself and accepts nearly everything) and prices a real draft from them,
 as the bound E(K) * t_target / (K * t_draft + t_verify(K + 1)) at acceptance 0.6-0.8. It needs only
-torch and transformers, so it runs on a bare GPU machine:
+torch, transformers and platformdirs, so it runs on a bare GPU machine:
 
     python -m engine.bench.synthetic --pair qwen2.5-7b:qwen2.5-0.5b --out report.json
 

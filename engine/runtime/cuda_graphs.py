@@ -1,6 +1,6 @@
 """CUDA graphs of the static-cache forward, captured from the eager forward, one per shape, on first use.
 
-A decode step of a 7B model is some 400 kernel launches; launched one at a time from Python, the GPU
+A decode step of a 7B model is hundreds of kernel launches; launched one at a time from Python, the GPU
 waits on the CPU between them. A CUDA graph replays them all in one launch. FastLlama's forward reads
 only tensors (ids, positions, mask, KV slots) and buffers that stay at fixed addresses (weights, KV
 caches, RoPE tables), so each shape is captured once from the eager forward, as vLLM captures its

@@ -161,13 +161,15 @@ class RoundClock:
         self.events = (
             [torch.cuda.Event(enable_timing=True) for _ in range(3)] if device.type == "cuda" else None
         )
+        # the stream the target's work runs on, which need not be the current device's
+        self.stream = torch.cuda.current_stream(device) if self.events is not None else None
         self.times: list[float] = []
         self.mark()
 
     def mark(self) -> None:
         """The round's start, the draft's end, the verify's end."""
         if self.events is not None:
-            self.events[len(self.times)].record()
+            self.events[len(self.times)].record(self.stream)
         self.times.append(time.perf_counter())
 
     def split(self) -> tuple[float, float]:

@@ -136,7 +136,7 @@ class FastRunner(ModelRunner):
         positions, mask, slots = tree_inputs(parents, start, self.device)
         self._begin_capture()
         result = None
-        if self._compiled is not None and (self.tree_graph or self.graphed):  # one graph, every tree
+        if self._compiled is not None and (self.tree_graph or self.graphed):  # a compiled tree forward
             capture = self.capture_hidden or self.compiled_capture
             if self.graphed:  # a graph per tree size, over a fixed window
                 mask = F.pad(mask, (0, graph_window(start + n, self.max_seq_length) - mask.shape[-1]))
@@ -379,10 +379,7 @@ class FastRunner(ModelRunner):
         except Exception as error:  # noqa: BLE001 - any failure means: stay eager, and say so
             self.notice = f"Running without compilation: compiling failed ({type(error).__name__}: {error})"
             return None
-        if self.device.type == "cuda":  # the next CUDA-graph replay reuses its output buffers
-            hidden = hidden.clone()
-            captured = captured.clone() if captured is not None else None
-        return hidden, captured
+        return self._kept(hidden, captured)
 
     def _call_compiled_tree(self, module, ids, positions, mask, slots, capture):
         """A token tree's forward on the compiled graph -> (hidden states, features), or None when
@@ -392,7 +389,11 @@ class FastRunner(ModelRunner):
         except Exception as error:  # noqa: BLE001 - any failure means: stay eager, and say so
             self.notice = f"Running without compilation: compiling failed ({type(error).__name__}: {error})"
             return None
-        if self.device.type == "cuda":  # the next CUDA-graph replay reuses its output buffers
+        return self._kept(hidden, captured)
+
+    def _kept(self, hidden: Tensor, captured: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """A compiled forward's outputs, copied on CUDA: the next CUDA-graph replay reuses its buffers."""
+        if self.device.type == "cuda":
             return hidden.clone(), None if captured is None else captured.clone()
         return hidden, captured
 

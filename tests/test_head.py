@@ -544,3 +544,46 @@ def test_written_texts_are_kept_only_for_the_requests_they_were_written_for(tmp_
     assert restored[0]["text"] == stored[0]["text"]  # written for the same request: kept
     # from the first request that differs on, every text is written anew, the third one too
     assert sum(rewritten) == 2
+
+
+def test_the_target_writes_user_questions_that_train_the_head_and_bad_shares_are_refused(
+    tmp_path, tiny_model_dir
+):
+    from engine.cli.main import main
+
+    out = tmp_path / "head"
+    argv = ["train-head", "--target", str(tiny_model_dir), "--out", str(out), "--prompts", "6", "--answer-tokens", "4",
+            "--epochs", "1", "--steps", "1", "--draft-vocab", "128", "--batch", "3", "--generate-batch", "4",
+            "--asked-share", "0.5", "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    asked = json.loads((out / "work" / "questions.json").read_text())
+    assert len(asked) == 4  # 3 questions wanted, a third more asked for
+    recipe = json.loads((out / "config.json").read_text())["training"]["recipe"]
+    assert recipe["asked_share"] == 0.5 and recipe["generate_batch"] == 4
+    for bad in (
+        ["--asked-share", "0.7", "--written-share", "0.5"],
+        ["--asked-share", "-0.1"],
+        ["--generate-batch", "0"],
+    ):
+        assert main([*argv[:-2], *bad, "--device", "cpu"]) == 2
+
+
+def test_a_written_question_is_its_first_paragraph_unquoted_and_of_a_message_s_length():
+    from engine.models.head_questions import question_requests, tidy_question
+
+    assert tidy_question('  "How do bees find their way home?"\n\nI hope this helps!') == (
+        "How do bees find their way home?"
+    )
+    assert tidy_question("Question: Why is the sky blue?") == "Why is the sky blue?"
+    assert tidy_question("Why?") is None and tidy_question("x" * 500) is None
+    requests = question_requests(50, seed=3)
+    assert len({r for _, r in requests}) == 50 and requests == question_requests(50, seed=3)
+
+
+def test_the_draft_vocabulary_takes_an_empty_answer_in_its_stride():
+    from engine.models.head_training import choose_vocabulary
+
+    counts = torch.zeros(16, dtype=torch.float64)
+    counts[3] = 2.0
+    chosen = choose_vocabulary(counts, [[], [5, 5, 5]], size=3, always={0})
+    assert chosen.tolist() == [0, 5, 3]

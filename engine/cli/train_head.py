@@ -44,6 +44,14 @@ def add_train_head_parser(subparsers) -> argparse.ArgumentParser:
         help="share of the prompts that work on a text the target writes first (default %(default)s)",
     )  # fmt: skip
     parser.add_argument(
+        "--asked-share", type=float, default=defaults.asked_share,
+        help="share of the prompts that the target writes itself as a user would (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--generate-batch", type=int, default=defaults.generate_batch,
+        help="answers the target writes at once (larger on a GPU; default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--init-from", default=None, metavar="DIR",
         help="go on training this head (for the same target) instead of a new one: its vocabulary stays",
     )  # fmt: skip
@@ -61,9 +69,14 @@ def run_train_head(args) -> int:
     from engine.models.loaded import resolve_device
     from engine.models.loading import load_model
 
-    if not 0.0 <= args.written_share <= 1.0:
-        raise SettingsError(f"--written-share must be between 0 and 1, not {args.written_share}.")
-    for name in ("prompts", "answer_tokens", "draft_vocab", "epochs", "steps", "batch"):
+    for name in ("written_share", "asked_share"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            raise SettingsError(
+                f"--{name.replace('_', '-')} must be between 0 and 1, not {getattr(args, name)}."
+            )
+    if args.written_share + args.asked_share > 1.0:
+        raise SettingsError("--written-share and --asked-share together must not exceed 1.")
+    for name in ("prompts", "answer_tokens", "draft_vocab", "epochs", "steps", "batch", "generate_batch"):
         if getattr(args, name) < 1:
             raise SettingsError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}.")
     try:
@@ -76,6 +89,7 @@ def run_train_head(args) -> int:
     recipe = TrainRecipe(
         prompts=args.prompts, answer_tokens=args.answer_tokens, draft_vocab=args.draft_vocab, epochs=args.epochs,
         steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed, written_share=args.written_share,
+        asked_share=args.asked_share, generate_batch=args.generate_batch,
     )  # fmt: skip
     loaded = load_model(args.target, device=str(device), dtype=args.dtype)
     n_layers = loaded.model.config.num_hidden_layers

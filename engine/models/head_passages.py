@@ -122,13 +122,13 @@ def tasks_on_written(passages: list[tuple[str, str]], per_passage: int, seed: in
 
 @torch.inference_mode()
 def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, batch: int = 32, tokens: int = 180,
-                   progress=None) -> list[tuple[str, str]]:  # fmt: skip
-    """The target writes a text for each request (sampled at T = 0.8, batched); kept in work/passages.json
-    so an interrupted run resumes. Returns (kind, text) for the texts long enough to work on."""
+                   progress=None, name: str = "passages", keep=tidy) -> list[tuple[str, str]]:  # fmt: skip
+    """The target writes a text for each request (sampled at T = 0.8, batched); kept in work/<name>.json
+    so an interrupted run resumes. Returns (kind, keep(text)) for the texts `keep` does not drop (None)."""
     from engine.models.chat_template import chat_prompt_ids
     from engine.models.head_training import left_padded
 
-    path = work / "passages.json"
+    path = work / f"{name}.json"
     # [{"request", "text"}]: a run with other requests keeps only the texts written for its own
     stored = json.loads(path.read_text()) if path.exists() else []
     written: list[str] = []
@@ -157,7 +157,7 @@ def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, 
                 progress(len(chunk))
     finally:
         torch.random.set_rng_state(generator_state)
-    kept = [(kind, tidy(text)) for (kind, _), text in zip(requests, written, strict=True)]
+    kept = [(kind, keep(text)) for (kind, _), text in zip(requests, written, strict=True)]
     return [(kind, text) for kind, text in kept if text]
 
 
@@ -170,7 +170,12 @@ def training_prompts(loaded, recipe, device, work: Path) -> list[list[int]]:
     from engine.models.head_prompts import training_instructions
 
     written = round(recipe.prompts * recipe.written_share)
-    instructions = training_instructions(recipe.prompts - written, recipe.seed)
+    asked = round(recipe.prompts * recipe.asked_share)
+    instructions = training_instructions(max(recipe.prompts - written - asked, 0), recipe.seed)
+    if asked:
+        from engine.models.head_questions import questions_asked
+
+        instructions += questions_asked(loaded, asked, device, work, recipe.seed, batch=recipe.generate_batch)
     if written:
         per_text = 2
         # a quarter more texts than needed: the ones too short to work on are dropped
@@ -178,7 +183,9 @@ def training_prompts(loaded, recipe, device, work: Path) -> list[list[int]]:
         work.mkdir(parents=True, exist_ok=True)
         began = time.perf_counter()
         with tqdm(total=len(requests), desc="target writes texts", unit="it", dynamic_ncols=True) as bar:
-            passages = write_passages(loaded, requests, device, work, progress=bar.update)
+            passages = write_passages(
+                loaded, requests, device, work, recipe.generate_batch, progress=bar.update
+            )
         cost_path = work / "cost.json"  # head_training adds the writing time to the recorded wall time
         cost = json.loads(cost_path.read_text()) if cost_path.exists() else {}
         cost.setdefault("texts_s", time.perf_counter() - began)

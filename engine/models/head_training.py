@@ -42,6 +42,8 @@ class TrainRecipe:
     temperature: float = 0.7  # half the answers are sampled at this temperature, half greedy
     # of the prompts: work on a text the target wrote first (engine.models.head_passages)
     written_share: float = 0.0
+    # of the prompts: questions and requests the target writes itself, in the voice of a user
+    asked_share: float = 0.0
     seed: int = 0
     checkpoint_every: int = 100
 
@@ -111,7 +113,11 @@ def generate_answers(
     model, tokenizer = loaded.model, loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     eos = sorted(loaded.eos_token_ids)
-    batches = [prompts[i : i + recipe.generate_batch] for i in range(0, len(prompts), recipe.generate_batch)]
+    # prompts of like length share a batch: less padding, and each batch's answers end closer together
+    by_length = sorted(prompts, key=len)
+    batches = [
+        by_length[i : i + recipe.generate_batch] for i in range(0, len(by_length), recipe.generate_batch)
+    ]
     tap = FeatureTap(model, layers)
     bar = _progress(total=len(prompts), desc="target writes answers")
     data = {"ids": [], "prompt_lengths": [], "features": [], "finals": []}
@@ -175,13 +181,13 @@ def _answer_batch(model, tap, batch, recipe, number, pad, eos, device) -> dict:
 @torch.no_grad()
 def soft_counts(finals: list[torch.Tensor], prompt_lengths: list[int], lm_head: torch.Tensor) -> torch.Tensor:
     """The target's probability mass per token id over answer positions: [V] float64."""
-    counts = torch.zeros(lm_head.size(0), dtype=torch.float64)
-    weight = lm_head.float().cpu()
+    weight = lm_head.float()
+    counts = torch.zeros(lm_head.size(0), dtype=torch.float64, device=weight.device)
     for hidden, start in zip(finals, prompt_lengths, strict=True):
-        rows = hidden[max(start - 1, 0) :].float()
+        rows = hidden[max(start - 1, 0) :].to(weight.device, torch.float32)
         if rows.numel():
             counts += (rows @ weight.T).softmax(-1).sum(0).double()
-    return counts
+    return counts.cpu()
 
 
 def choose_vocabulary(soft_counts: torch.Tensor, sequences, size: int, always: set[int]) -> torch.Tensor:
@@ -189,7 +195,7 @@ def choose_vocabulary(soft_counts: torch.Tensor, sequences, size: int, always: s
     most frequent first (FR-Spec's frequency ranking)."""
     counts = soft_counts.clone()
     for sequence in sequences:
-        counts.index_add_(0, torch.tensor(sequence), torch.ones(len(sequence), dtype=counts.dtype))
+        counts.index_add_(0, torch.tensor(sequence, dtype=torch.long), torch.ones(len(sequence), dtype=counts.dtype))
     for token in always:
         counts[token] = float("inf")
     size = min(size, counts.numel())
@@ -421,7 +427,9 @@ def train_head(
         "prompts": len(sequences),
         "tokens_generated": cost["tokens_generated"],
         "tokens_trained": cost["tokens_trained"],
-        "wall_s": round(sum(cost.get(part, 0) for part in ("texts_s", "answers_s", "train_s")), 1),
+        "wall_s": round(
+            sum(cost.get(part, 0) for part in ("texts_s", "questions_s", "answers_s", "train_s")), 1
+        ),
         "device": str(device),
         "final_top1_by_step": [round(a, 3) for a in accuracy],
     }

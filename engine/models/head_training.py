@@ -195,7 +195,9 @@ def choose_vocabulary(soft_counts: torch.Tensor, sequences, size: int, always: s
     most frequent first (FR-Spec's frequency ranking)."""
     counts = soft_counts.clone()
     for sequence in sequences:
-        counts.index_add_(0, torch.tensor(sequence, dtype=torch.long), torch.ones(len(sequence), dtype=counts.dtype))
+        counts.index_add_(
+            0, torch.tensor(sequence, dtype=torch.long), torch.ones(len(sequence), dtype=counts.dtype)
+        )
     for token in always:
         counts[token] = float("inf")
     size = min(size, counts.numel())

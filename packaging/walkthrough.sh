@@ -1,6 +1,6 @@
 #!/bin/sh
 # Walk through the app on a real X server (Xvfb + openbox), saving a screenshot after each step.
-# Needs: apt-get install -y xvfb xauth libxcb-icccm4 libxcb-keysyms1 openbox imagemagick
+# Needs: apt-get install -y xvfb xauth libxcb-icccm4 libxcb-keysyms1 openbox imagemagick xdotool
 set -eu
 cd "$(dirname "$0")/.."
 OUT="${1:-packaging/screenshots}"

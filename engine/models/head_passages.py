@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from engine.models.head_prompts import ACTIVITIES, TOPICS, TRANSLATION_LANGUAGES
+from engine.models.head_prompts import ACTIVITIES, TOPICS, TRANSLATION_LANGUAGES, distinct
 
 NAMES = (
     "Amara", "Bruno", "Chen Wei", "Dana", "Elif", "Farid", "Greta", "Hiro", "Ines", "Jamal", "Katya",
@@ -78,12 +78,7 @@ MIN_CHARS = 200
 def writing_requests(count: int, seed: int = 0) -> list[tuple[str, str]]:
     """`count` distinct (kind, request) pairs in a fixed order for a seed."""
     rng = random.Random(seed + 2)
-    seen: dict[tuple[str, str], None] = {}
-    attempts = 0
-    while len(seen) < count and attempts < count * 50:
-        seen.setdefault(rng.choice(WRITING_REQUESTS)(rng), None)
-        attempts += 1
-    return list(seen)
+    return distinct(lambda: rng.choice(WRITING_REQUESTS)(rng), count)
 
 
 def tidy(text: str) -> str | None:

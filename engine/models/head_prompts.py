@@ -310,15 +310,20 @@ def training_instructions(count: int, seed: int = 0) -> list[str]:
     return template_instructions(templated, seed) + passage_instructions(count - templated, seed)
 
 
+def distinct(draw, count: int) -> list:
+    """Up to `count` distinct results of draw(), in the order first drawn (as many as 50 draws each allow)."""
+    seen: dict = {}
+    attempts = 0
+    while len(seen) < count and attempts < count * 50:
+        seen.setdefault(draw(), None)
+        attempts += 1
+    return list(seen)
+
+
 def template_instructions(count: int, seed: int = 0) -> list[str]:
     """`count` distinct instructions from TEMPLATES (as many as they allow)."""
     rng = random.Random(seed)
-    seen: dict[str, None] = {}
-    attempts = 0
-    while len(seen) < count and attempts < count * 50:
-        seen.setdefault(rng.choice(TEMPLATES)(rng), None)
-        attempts += 1
-    return list(seen)
+    return distinct(lambda: rng.choice(TEMPLATES)(rng), count)
 
 
 def training_prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:

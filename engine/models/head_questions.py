@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from engine.models.head_passages import JOBS, NAMES, PRODUCTS
-from engine.models.head_prompts import ACTIVITIES, LANGUAGES, TOPICS
+from engine.models.head_prompts import ACTIVITIES, LANGUAGES, TOPICS, distinct
 
 ASKERS = (
     "a student", "a parent", "a programmer", "a small-business owner", "a retired teacher", "a nurse",
@@ -44,12 +44,7 @@ SHORTEST, LONGEST = 15, 400
 def question_requests(count: int, seed: int = 0) -> list[tuple[str, str]]:
     """`count` distinct ("question", request) pairs in a fixed order for a seed."""
     rng = random.Random(seed + 4)
-    seen: dict[str, None] = {}
-    attempts = 0
-    while len(seen) < count and attempts < count * 50:
-        seen.setdefault(rng.choice(QUESTION_REQUESTS)(rng), None)
-        attempts += 1
-    return [("question", request) for request in seen]
+    return [("question", request) for request in distinct(lambda: rng.choice(QUESTION_REQUESTS)(rng), count)]
 
 
 def tidy_question(text: str) -> str | None:

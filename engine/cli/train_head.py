@@ -64,7 +64,7 @@ def add_train_head_parser(subparsers) -> argparse.ArgumentParser:
 def run_train_head(args) -> int:
     import torch
 
-    from engine.models.head_passages import training_prompts
+    from engine.models.head_data import training_prompts
     from engine.models.head_training import TrainRecipe, train_head
     from engine.models.loaded import resolve_device
     from engine.models.loading import load_model

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import time
 from pathlib import Path
 
 import torch
@@ -156,34 +155,9 @@ def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, 
     return [(kind, text) for kind, text in kept if text]
 
 
-def training_prompts(loaded, recipe, device, work: Path) -> list[list[int]]:
-    """Chat-formatted prompt ids for `recipe.prompts` instructions: the generated ones of head_prompts,
-    then a `recipe.written_share` of them over texts the target writes first."""
-    from tqdm.auto import tqdm
-
-    from engine.models.chat_template import chat_prompt_ids
-    from engine.models.head_prompts import training_instructions
-
-    written = round(recipe.prompts * recipe.written_share)
-    asked = round(recipe.prompts * recipe.asked_share)
-    instructions = training_instructions(max(recipe.prompts - written - asked, 0), recipe.seed)
-    if asked:
-        from engine.models.head_questions import questions_asked
-
-        instructions += questions_asked(loaded, asked, device, work, recipe.seed, batch=recipe.generate_batch)
-    if written:
-        per_text = 2
-        # a quarter more texts than needed: the ones too short to work on are dropped
-        requests = writing_requests(-(-written * 5 // (4 * per_text)), recipe.seed)
-        work.mkdir(parents=True, exist_ok=True)
-        began = time.perf_counter()
-        with tqdm(total=len(requests), desc="target writes texts", unit="it", dynamic_ncols=True) as bar:
-            passages = write_passages(
-                loaded, requests, device, work, recipe.generate_batch, progress=bar.update
-            )
-        cost_path = work / "cost.json"  # head_training adds the writing time to the recorded wall time
-        cost = json.loads(cost_path.read_text()) if cost_path.exists() else {}
-        cost.setdefault("texts_s", time.perf_counter() - began)
-        cost_path.write_text(json.dumps(cost, indent=1))
-        instructions += tasks_on_written(passages, per_text, recipe.seed)[:written]
-    return [chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": text}]) for text in instructions]
+def record_cost(work: Path, part: str, seconds: float) -> None:
+    """Keeps the first measured time of a stage in work/cost.json (head_training adds them up)."""
+    path = work / "cost.json"
+    cost = json.loads(path.read_text()) if path.exists() else {}
+    cost.setdefault(part, seconds)
+    path.write_text(json.dumps(cost, indent=1))

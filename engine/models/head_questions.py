@@ -9,12 +9,11 @@ evaluation prompts.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from pathlib import Path
 
-from engine.models.head_passages import JOBS, NAMES, PRODUCTS
+from engine.models.head_passages import JOBS, NAMES, PRODUCTS, record_cost, write_passages
 from engine.models.head_prompts import ACTIVITIES, LANGUAGES, TOPICS, distinct
 
 ASKERS = (
@@ -59,8 +58,6 @@ def questions_asked(loaded, count: int, device, work: Path, seed: int = 0, batch
     """`count` user messages the target writes (a third more are asked for: some are dropped)."""
     from tqdm.auto import tqdm
 
-    from engine.models.head_passages import write_passages
-
     requests = question_requests(-(-count * 4 // 3), seed)
     work.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
@@ -68,8 +65,5 @@ def questions_asked(loaded, count: int, device, work: Path, seed: int = 0, batch
         written = write_passages(
             loaded, requests, device, work, batch, tokens=80, progress=bar.update, name="questions", keep=tidy_question
         )  # fmt: skip
-    cost_path = work / "cost.json"  # head_training adds the writing time to the recorded wall time
-    cost = json.loads(cost_path.read_text()) if cost_path.exists() else {}
-    cost.setdefault("questions_s", time.perf_counter() - began)
-    cost_path.write_text(json.dumps(cost, indent=1))
+    record_cost(work, "questions_s", time.perf_counter() - began)
     return list(dict.fromkeys(text for _, text in written))[:count]

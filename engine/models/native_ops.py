@@ -50,21 +50,33 @@ def build_error() -> str | None:
     if getattr(sys, "frozen", False):
         return "the installed bundle carries no C++ compiler to build Tandem's CPU kernels"
     try:
-        from torch.utils import cpp_extension
+        load_library(build_folder())
+    except Exception as exc:  # no compiler, no ninja, a failed build: the kernels are "not here"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"Tandem's CPU kernels could not be built ({exc.__class__.__name__}: {first[:160]})"
+    return None
 
+
+def load_library(folder: Path) -> None:
+    """Builds (if needed) and loads the library, one process at a time.
+
+    torch's builder marks a build with a plain `lock` file; a build killed midway (the app closed on a
+    first start) leaves it behind, and every later start would wait for it forever. An OS file lock
+    dies with its process, so a `lock` file found while holding it is stale and goes."""
+    from filelock import FileLock
+    from torch.utils import cpp_extension
+
+    with FileLock(str(folder / "build.flock")):
+        (folder / "lock").unlink(missing_ok=True)
         cpp_extension.load(
             name=LIBRARY,
             sources=[str(source) for source in SOURCES],
             extra_cflags=["-O3", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
-            build_directory=str(build_folder()),
+            build_directory=str(folder),
             is_python_module=False,
             verbose=False,
         )
-    except Exception as exc:  # no compiler, no ninja, a failed build: the kernels are "not here"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return f"Tandem's CPU kernels could not be built ({exc.__class__.__name__}: {first[:160]})"
-    return None
 
 
 BUILDING = "Building Tandem's CPU kernels for this machine (once)"

@@ -94,16 +94,14 @@ def run_synthetic(args) -> int:
     import torch
 
     from engine.bench import synthetic
+    from engine.models.loaded import resolve_device
 
     names = args.synthetic.split(":")
     if len(names) != 2 or not all(name in synthetic.CONFIGS for name in names):
         raise SettingsError(
             f"--synthetic takes TARGET:DRAFT from {', '.join(synthetic.CONFIGS)}, not {args.synthetic!r}"
         )
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
-    device = torch.device("cpu" if device == "auto" else device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SettingsError("--device cuda needs an NVIDIA GPU and a CUDA build of torch")
+    device = resolve_device(args.device)
     if args.json_path:
         check_writable(args.json_path)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

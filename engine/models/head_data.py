@@ -4,10 +4,9 @@ questions the target asks in a user's voice (head_questions), and work on texts 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from engine.models.head_passages import record_cost, tasks_on_written, write_passages, writing_requests
+from engine.models.head_passages import tasks_on_written, write_timed, writing_requests
 from engine.models.head_prompts import training_instructions
 from engine.models.head_questions import questions_asked
 
@@ -16,8 +15,6 @@ def training_prompts(loaded, recipe, device, work: Path) -> list[list[int]]:
     """Chat-formatted prompt ids for `recipe.prompts` instructions: the generated ones of head_prompts,
     then a `recipe.asked_share` of them that the target asks, then a `recipe.written_share` over texts
     the target writes first."""
-    from tqdm.auto import tqdm
-
     from engine.models.chat_template import chat_prompt_ids
 
     written = round(recipe.prompts * recipe.written_share)
@@ -29,12 +26,8 @@ def training_prompts(loaded, recipe, device, work: Path) -> list[list[int]]:
         per_text = 2
         # a quarter more texts than needed: the ones too short to work on are dropped
         requests = writing_requests(-(-written * 5 // (4 * per_text)), recipe.seed)
-        work.mkdir(parents=True, exist_ok=True)
-        began = time.perf_counter()
-        with tqdm(total=len(requests), desc="target writes texts", unit="it", dynamic_ncols=True) as bar:
-            passages = write_passages(
-                loaded, requests, device, work, recipe.generate_batch, progress=bar.update
-            )
-        record_cost(work, "texts_s", time.perf_counter() - began)
+        passages = write_timed(
+            loaded, requests, device, work, recipe.generate_batch, "target writes texts", "texts_s"
+        )
         instructions += tasks_on_written(passages, per_text, recipe.seed)[:written]
     return [chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": text}]) for text in instructions]

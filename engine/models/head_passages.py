@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -155,9 +156,17 @@ def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, 
     return [(kind, text) for kind, text in kept if text]
 
 
-def record_cost(work: Path, part: str, seconds: float) -> None:
-    """Keeps the first measured time of a stage in work/cost.json (head_training adds them up)."""
+def write_timed(loaded, requests, device, work: Path, batch: int, desc: str, cost_part: str, **options):
+    """write_passages with a progress bar; its first run's time is kept in work/cost.json under
+    `cost_part` (head_training adds the stages up)."""
+    from tqdm.auto import tqdm
+
+    work.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    with tqdm(total=len(requests), desc=desc, unit="it", dynamic_ncols=True) as bar:
+        written = write_passages(loaded, requests, device, work, batch, progress=bar.update, **options)
     path = work / "cost.json"
     cost = json.loads(path.read_text()) if path.exists() else {}
-    cost.setdefault(part, seconds)
+    cost.setdefault(cost_part, time.perf_counter() - began)
     path.write_text(json.dumps(cost, indent=1))
+    return written

@@ -10,10 +10,9 @@ evaluation prompts.
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
-from engine.models.head_passages import JOBS, NAMES, PRODUCTS, record_cost, write_passages
+from engine.models.head_passages import JOBS, NAMES, PRODUCTS, write_timed
 from engine.models.head_prompts import ACTIVITIES, LANGUAGES, TOPICS, distinct
 
 ASKERS = (
@@ -56,14 +55,9 @@ def tidy_question(text: str) -> str | None:
 
 def questions_asked(loaded, count: int, device, work: Path, seed: int = 0, batch: int = 32) -> list[str]:
     """`count` user messages the target writes (a third more are asked for: some are dropped)."""
-    from tqdm.auto import tqdm
-
     requests = question_requests(-(-count * 4 // 3), seed)
-    work.mkdir(parents=True, exist_ok=True)
-    began = time.perf_counter()
-    with tqdm(total=len(requests), desc="target writes questions", unit="it", dynamic_ncols=True) as bar:
-        written = write_passages(
-            loaded, requests, device, work, batch, tokens=80, progress=bar.update, name="questions", keep=tidy_question
-        )  # fmt: skip
-    record_cost(work, "questions_s", time.perf_counter() - began)
+    written = write_timed(
+        loaded, requests, device, work, batch, "target writes questions", "questions_s", tokens=80, name="questions",
+        keep=tidy_question,
+    )  # fmt: skip
     return list(dict.fromkeys(text for _, text in written))[:count]

@@ -23,6 +23,16 @@
 // rows ahead, streamed the built-in model's layers 4 % faster than four rows in groups of 12 (27.9
 // against 26.8 GB/s, interleaved runs on a quiet 2-core Zen 1; within the noise on a busy host).
 // Each output is still computed as above, so rows stay bit for bit the same.
+//
+// AVX-512 (a 2-core Zen 4; the built-in model's 121 weight matrices, fused as the fast path runs them;
+// medians of 9-11 interleaved runs on a busy host). One to three activation rows read one weight row
+// at a time, a single stream of memory, without prefetch: several weight rows at a time are several
+// streams, which this CPU's prefetchers serve worse. One row went from 25.7 to 23.7 ms a step, two
+// from 25.3 to 20.4 and three from 27.5 to 22.9. Four rows go in two such passes of two (the group's
+// weights are in cache for the second): 25.3 ms against 27.9 for one pass over four weight rows at a
+// time. Five and more still take four weight rows at a time, now with the AVX2 path's prefetch: five
+// rows went from 33.5 to 28.6 ms, eight from 45.4 to 32.4. Two weight rows at a time were the slowest
+// of all (29.6 ms for two activation rows).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -42,8 +52,8 @@ constexpr int64_t kRows = 16;      // at most this many activation rows take the
 constexpr int64_t kChunk = 8;      // activation rows per pass over a group of weight rows, at most
 constexpr int64_t kGroup = 12;     // weight rows per group (a multiple of every R below)
 constexpr int64_t kAheadRows = kGroup;  // AVX2: how far ahead of the weight rows in use a pass prefetches
-constexpr int64_t kOneRowGroup = 48;     // AVX2, one activation row: weight rows per group
-constexpr int64_t kOneRowAhead = 16;     // ... and how far ahead of the rows in use it prefetches
+constexpr int64_t kOneRowGroup = 48;     // one activation row: weight rows per group
+constexpr int64_t kOneRowAhead = 16;     // AVX2, one activation row: how far ahead of the rows in use it prefetches
 constexpr int64_t kTaskWeights = 32768;  // weights per parallel task, at the least: a small layer runs on
                                           // one thread, where waking the other costs more than it saves
 
@@ -58,7 +68,8 @@ constexpr int64_t kTaskWeights = 32768;  // weights per parallel task, at the le
 template <int R, int C>
 __attribute__((target(ROWLIN_AVX512))) inline void block512(const float* x, const float* w, const float* bias,
                                                            int64_t k, int64_t n, int64_t r, int64_t i, float* out,
-                                                           int64_t /*ahead: unused, unmeasured on AVX-512*/) {
+                                                           int64_t ahead) {
+  if (r + R + ahead > n) ahead = 0;  // the matrix's last rows: nothing past them to ask for
   __m512 acc[R][C];
   for (int a = 0; a < R; ++a)
     for (int c = 0; c < C; ++c) acc[a][c] = _mm512_setzero_ps();
@@ -71,6 +82,8 @@ __attribute__((target(ROWLIN_AVX512))) inline void block512(const float* x, cons
       // loads, not FMAs, then bound the loop (CPUs with one 512-bit load a cycle)
       asm volatile("" : "+v"(xv[c]));
     }
+    if (ahead)  // one 64-byte line per weight row and step
+      for (int a = 0; a < R; ++a) _mm_prefetch(reinterpret_cast<const char*>(w + (r + a + ahead) * k + j), _MM_HINT_T0);
     for (int a = 0; a < R; ++a) {
       const __m512 wv = _mm512_loadu_ps(w + (r + a) * k + j);
       for (int c = 0; c < C; ++c) acc[a][c] = _mm512_fmadd_ps(wv, xv[c], acc[a][c]);
@@ -140,21 +153,24 @@ struct Kernels {
   int64_t rows[kChunk + 1];        // R for a pass of c activation rows
   Block block[kChunk + 1];         // the kernel for R rows and c activation rows
   Block single[kChunk + 1];        // the kernel for 1 weight row (a group's tail) and c activation rows
-  bool prefetch;                   // whether passes over several activation rows prefetch weights
+  bool prefetch;                   // whether passes over several weight and activation rows prefetch weights
   Block one_row;                   // one activation row: one_row_rows weight rows at a time, or none
   int64_t one_row_rows;
+  int64_t one_row_ahead;           // ... prefetching that many weight rows ahead (0: none)
 };
 
 #ifdef ROWLIN_X86
+// One to three activation rows: one weight row at a time (see the top); four: two passes of two.
 Kernels avx512_kernels() {
-  return Kernels{{0, 1, 2, 3, 4, 5, 6, 7, 8},
-                 {0, 4, 4, 4, 4, 4, 4, 2, 2},
-                 {nullptr, block512<4, 1>, block512<4, 2>, block512<4, 3>, block512<4, 4>, block512<4, 5>,
+  return Kernels{{0, 1, 2, 3, 2, 5, 6, 7, 8},
+                 {0, 1, 1, 1, 4, 4, 4, 2, 2},
+                 {nullptr, block512<1, 1>, block512<1, 2>, block512<1, 3>, block512<4, 4>, block512<4, 5>,
                   block512<4, 6>, block512<2, 7>, block512<2, 8>},
                  {nullptr, block512<1, 1>, block512<1, 2>, block512<1, 3>, block512<1, 4>, block512<1, 5>,
                   block512<1, 6>, block512<1, 7>, block512<1, 8>},
-                 false,
-                 nullptr,
+                 true,
+                 block512<1, 1>,
+                 1,
                  0};
 }
 
@@ -168,7 +184,8 @@ Kernels avx2_kernels() {
                   nullptr, nullptr},
                  true,
                  block256<8, 1>,
-                 8};
+                 8,
+                 kOneRowAhead};
 }
 #endif
 
@@ -205,7 +222,7 @@ torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, co
       for (int64_t g = begin; g < end; ++g) {
         const int64_t r1 = std::min(n, (g + 1) * kOneRowGroup);
         int64_t r = g * kOneRowGroup;
-        for (; r + step <= r1; r += step) kernels.one_row(xp, wp, bp, k, n, r, 0, out, kOneRowAhead);
+        for (; r + step <= r1; r += step) kernels.one_row(xp, wp, bp, k, n, r, 0, out, kernels.one_row_ahead);
         for (; r < r1; ++r) kernels.single[1](xp, wp, bp, k, n, r, 0, out, 0);
       }
     });
@@ -218,7 +235,7 @@ torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, co
       for (int64_t i = 0, passes = 0; i < m; ++passes) {
         const int64_t c = kernels.pass[std::min(kChunk, m - i)], step = kernels.rows[c];
         // the first pass asks for the next group, a later one for the group after it
-        const int64_t ahead = kernels.prefetch && m > 1 ? kAheadRows * std::min<int64_t>(passes + 1, 2) : 0;
+        const int64_t ahead = kernels.prefetch && m > 1 && step > 1 ? kAheadRows * std::min<int64_t>(passes + 1, 2) : 0;
         int64_t r = r0;
         for (; r + step <= r1; r += step) kernels.block[c](xp, wp, bp, k, n, r, i, out, ahead);
         for (; r < r1; ++r) kernels.single[c](xp, wp, bp, k, n, r, i, out, 0);

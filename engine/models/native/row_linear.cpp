@@ -24,15 +24,14 @@
 // against 26.8 GB/s, interleaved runs on a quiet 2-core Zen 1; within the noise on a busy host).
 // Each output is still computed as above, so rows stay bit for bit the same.
 //
-// AVX-512 (a 2-core Zen 4; the built-in model's 121 weight matrices, fused as the fast path runs them;
-// medians of 9-11 interleaved runs on a busy host). One to three activation rows read one weight row
-// at a time, a single stream of memory, without prefetch: several weight rows at a time are several
-// streams, which this CPU's prefetchers serve worse. One row went from 25.7 to 23.7 ms a step, two
-// from 25.3 to 20.4 and three from 27.5 to 22.9. Four rows go in two such passes of two (the group's
-// weights are in cache for the second): 25.3 ms against 27.9 for one pass over four weight rows at a
-// time. Five and more still take four weight rows at a time, now with the AVX2 path's prefetch: five
-// rows went from 33.5 to 28.6 ms, eight from 45.4 to 32.4. Two weight rows at a time were the slowest
-// of all (29.6 ms for two activation rows).
+// AVX-512 prefetches (a 2-core Zen 4; the built-in model's 121 weight matrices as the fast path runs
+// them; medians of 9 interleaved runs on a busy host): reading four weight rows side by side is four
+// streams of memory 2.3 KB apart, which this CPU's own prefetchers served worse than one stream (one
+// row at a time was faster at one activation row, but then each FMA needs its own load of the
+// activations). Every pass now asks for the four rows 24 rows on, in address order, into L2 (T1;
+// into L1 it was slower than none). 1 / 2 / 3 / 4 / 5 / 6 / 8 / 16 activation rows then cost 25.0 /
+// 23.8 / 23.3 / 24.3 / 24.6 / 25.9 / 30.9 / 44.4 ms, against 28.7 / 31.4 / 30.7 / 34.7 / 37.3 / 39.8 /
+// 51.3 / 66.5 ms unprefetched, same run: a verify forward of up to six tokens costs about one step.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -52,6 +51,7 @@ constexpr int64_t kRows = 16;      // at most this many activation rows take the
 constexpr int64_t kChunk = 8;      // activation rows per pass over a group of weight rows, at most
 constexpr int64_t kGroup = 12;     // weight rows per group (a multiple of every R below)
 constexpr int64_t kAheadRows = kGroup;  // AVX2: how far ahead of the weight rows in use a pass prefetches
+constexpr int64_t kAhead512 = 24;       // AVX-512: the same, for every pass and for one activation row
 constexpr int64_t kOneRowGroup = 48;     // one activation row: weight rows per group
 constexpr int64_t kOneRowAhead = 16;     // AVX2, one activation row: how far ahead of the rows in use it prefetches
 constexpr int64_t kTaskWeights = 32768;  // weights per parallel task, at the least: a small layer runs on
@@ -82,8 +82,10 @@ __attribute__((target(ROWLIN_AVX512))) inline void block512(const float* x, cons
       // loads, not FMAs, then bound the loop (CPUs with one 512-bit load a cycle)
       asm volatile("" : "+v"(xv[c]));
     }
-    if (ahead)  // one 64-byte line per weight row and step
-      for (int a = 0; a < R; ++a) _mm_prefetch(reinterpret_cast<const char*>(w + (r + a + ahead) * k + j), _MM_HINT_T0);
+    if (ahead) {  // R lines a step, in address order, of the R rows `ahead` on: into L2 (see the top)
+      const char* next = reinterpret_cast<const char*>(w + (r + ahead) * k) + (j / 16) * R * 64;
+      for (int a = 0; a < R; ++a) _mm_prefetch(next + a * 64, _MM_HINT_T1);
+    }
     for (int a = 0; a < R; ++a) {
       const __m512 wv = _mm512_loadu_ps(w + (r + a) * k + j);
       for (int c = 0; c < C; ++c) acc[a][c] = _mm512_fmadd_ps(wv, xv[c], acc[a][c]);
@@ -153,25 +155,26 @@ struct Kernels {
   int64_t rows[kChunk + 1];        // R for a pass of c activation rows
   Block block[kChunk + 1];         // the kernel for R rows and c activation rows
   Block single[kChunk + 1];        // the kernel for 1 weight row (a group's tail) and c activation rows
-  bool prefetch;                   // whether passes over several weight and activation rows prefetch weights
+  bool prefetch;                   // whether passes over several activation rows prefetch weights
+  int64_t ahead_rows;              // ... that many weight rows ahead in a first pass (twice that in later ones)
   Block one_row;                   // one activation row: one_row_rows weight rows at a time, or none
   int64_t one_row_rows;
   int64_t one_row_ahead;           // ... prefetching that many weight rows ahead (0: none)
 };
 
 #ifdef ROWLIN_X86
-// One to three activation rows: one weight row at a time (see the top); four: two passes of two.
 Kernels avx512_kernels() {
-  return Kernels{{0, 1, 2, 3, 2, 5, 6, 7, 8},
-                 {0, 1, 1, 1, 4, 4, 4, 2, 2},
-                 {nullptr, block512<1, 1>, block512<1, 2>, block512<1, 3>, block512<4, 4>, block512<4, 5>,
+  return Kernels{{0, 1, 2, 3, 4, 5, 6, 7, 8},
+                 {0, 4, 4, 4, 4, 4, 4, 2, 2},
+                 {nullptr, block512<4, 1>, block512<4, 2>, block512<4, 3>, block512<4, 4>, block512<4, 5>,
                   block512<4, 6>, block512<2, 7>, block512<2, 8>},
                  {nullptr, block512<1, 1>, block512<1, 2>, block512<1, 3>, block512<1, 4>, block512<1, 5>,
                   block512<1, 6>, block512<1, 7>, block512<1, 8>},
                  true,
-                 block512<1, 1>,
-                 1,
-                 0};
+                 kAhead512,
+                 block512<4, 1>,
+                 4,
+                 kAhead512};
 }
 
 // Five rows in one pass (2 x 5 accumulators); six to eight in two passes of three or four.
@@ -183,6 +186,7 @@ Kernels avx2_kernels() {
                  {nullptr, block256<1, 1>, block256<1, 2>, block256<1, 3>, block256<1, 4>, block256<1, 5>, nullptr,
                   nullptr, nullptr},
                  true,
+                 kAheadRows,
                  block256<8, 1>,
                  8,
                  kOneRowAhead};
@@ -235,7 +239,7 @@ torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, co
       for (int64_t i = 0, passes = 0; i < m; ++passes) {
         const int64_t c = kernels.pass[std::min(kChunk, m - i)], step = kernels.rows[c];
         // the first pass asks for the next group, a later one for the group after it
-        const int64_t ahead = kernels.prefetch && m > 1 && step > 1 ? kAheadRows * std::min<int64_t>(passes + 1, 2) : 0;
+        const int64_t ahead = kernels.prefetch && m > 1 ? kernels.ahead_rows * std::min<int64_t>(passes + 1, 2) : 0;
         int64_t r = r0;
         for (; r + step <= r1; r += step) kernels.block[c](xp, wp, bp, k, n, r, i, out, ahead);
         for (; r < r1; ++r) kernels.single[c](xp, wp, bp, k, n, r, i, out, 0);

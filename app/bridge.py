@@ -152,6 +152,17 @@ class LoadCancelled(Exception):
     pass
 
 
+def _emit_while_alive(signal) -> Callable:
+    """signal.emit for the engine's own threads, which may outlive the window: once Qt has deleted the
+    worker (the window closed while the engine optimized in the background) there is nobody to tell."""
+
+    def emit(*args) -> None:
+        with contextlib.suppress(RuntimeError):  # "Signal source has been deleted"
+            signal.emit(*args)
+
+    return emit
+
+
 class EngineWorker(QObject):
     """Lives on the worker thread. Every slot runs there; every signal is received on the GUI thread."""
 
@@ -197,7 +208,7 @@ class EngineWorker(QObject):
         self.loaded.emit(info)
         start = getattr(engine, "optimize_in_background", None)
         if start is not None:
-            start(self.optimizing.emit, self.optimized.emit)
+            start(_emit_while_alive(self.optimizing), _emit_while_alive(self.optimized))
 
     @Slot(object, object)
     def apply_settings(self, speculation: SpeculationSettings, sampling: SamplingSettings) -> None:

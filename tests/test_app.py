@@ -522,3 +522,24 @@ def test_ctrl_comma_opens_settings_and_applied_reaches_the_engine(qtbot, store):
     dialog.close()
     send(qtbot, window, "hi")
     assert engine.speculation.k == 3
+
+
+def test_the_engines_background_build_may_outlive_the_window(qtbot):
+    """The engine's optimizing thread reports through the worker's signals; when the window (and so
+    the worker) is gone first, its report must go nowhere instead of raising in that thread."""
+    import shiboken6
+
+    from app.bridge import EngineWorker, _emit_while_alive
+
+    worker = EngineWorker(factory=None)
+    heard: list[str] = []
+    worker.optimized.connect(heard.append)
+    report = _emit_while_alive(worker.optimized)
+    report("compiled")
+    assert heard == ["compiled"]
+    signal = worker.optimized
+    shiboken6.delete(worker)
+    with pytest.raises(RuntimeError):  # what the thread used to die of
+        signal.emit("compiled")
+    report("compiled")  # nobody to tell, and no error
+    assert heard == ["compiled"]

@@ -238,7 +238,7 @@ torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, co
       const int64_t r0 = g * kGroup, r1 = std::min(n, r0 + kGroup);
       for (int64_t i = 0, passes = 0; i < m; ++passes) {
         const int64_t c = kernels.pass[std::min(kChunk, m - i)], step = kernels.rows[c];
-        // the first pass asks for the next group, a later one for the group after it
+        // the first pass asks for the rows ahead_rows on (AVX2: the next group), a later one twice as far
         const int64_t ahead = kernels.prefetch && m > 1 ? kernels.ahead_rows * std::min<int64_t>(passes + 1, 2) : 0;
         int64_t r = r0;
         for (; r + step <= r1; r += step) kernels.block[c](xp, wp, bp, k, n, r, i, out, ahead);

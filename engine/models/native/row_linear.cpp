@@ -155,8 +155,8 @@ struct Kernels {
   int64_t rows[kChunk + 1];        // R for a pass of c activation rows
   Block block[kChunk + 1];         // the kernel for R rows and c activation rows
   Block single[kChunk + 1];        // the kernel for 1 weight row (a group's tail) and c activation rows
-  bool prefetch;                   // whether passes over several activation rows prefetch weights
-  int64_t ahead_rows;              // ... that many weight rows ahead in a first pass (twice that in later ones)
+  int64_t ahead_rows;              // passes over several activation rows prefetch the weight rows that far
+                                   // ahead in a first pass, twice that in later ones (0: none)
   Block one_row;                   // one activation row: one_row_rows weight rows at a time, or none
   int64_t one_row_rows;
   int64_t one_row_ahead;           // ... prefetching that many weight rows ahead (0: none)
@@ -170,7 +170,6 @@ Kernels avx512_kernels() {
                   block512<4, 6>, block512<2, 7>, block512<2, 8>},
                  {nullptr, block512<1, 1>, block512<1, 2>, block512<1, 3>, block512<1, 4>, block512<1, 5>,
                   block512<1, 6>, block512<1, 7>, block512<1, 8>},
-                 true,
                  kAhead512,
                  block512<4, 1>,
                  4,
@@ -185,7 +184,6 @@ Kernels avx2_kernels() {
                   nullptr, nullptr},
                  {nullptr, block256<1, 1>, block256<1, 2>, block256<1, 3>, block256<1, 4>, block256<1, 5>, nullptr,
                   nullptr, nullptr},
-                 true,
                  kAheadRows,
                  block256<8, 1>,
                  8,
@@ -239,7 +237,7 @@ torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, co
       for (int64_t i = 0, passes = 0; i < m; ++passes) {
         const int64_t c = kernels.pass[std::min(kChunk, m - i)], step = kernels.rows[c];
         // the first pass asks for the rows ahead_rows on (AVX2: the next group), a later one twice as far
-        const int64_t ahead = kernels.prefetch && m > 1 ? kernels.ahead_rows * std::min<int64_t>(passes + 1, 2) : 0;
+        const int64_t ahead = m > 1 ? kernels.ahead_rows * std::min<int64_t>(passes + 1, 2) : 0;
         int64_t r = r0;
         for (; r + step <= r1; r += step) kernels.block[c](xp, wp, bp, k, n, r, i, out, ahead);
         for (; r < r1; ++r) kernels.single[c](xp, wp, bp, k, n, r, i, out, 0);

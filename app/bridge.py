@@ -105,6 +105,7 @@ def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> 
     engine = ChatEngine(
         target, draft, speculation=request.speculation, sampling=request.sampling, compiled=request.compiled
     )
+    engine.tree_graph_later = True  # built after "Ready" (EngineWorker._build_tree_graph)
     engine.prepare(progress)
     info = EngineInfo(
         target=target.name,
@@ -137,6 +138,7 @@ def remote_engine_factory(request: LoadRequest, progress: ProgressCallback) -> t
     progress(f"Connecting to {request.server_url}", 0, 0)
     engine = RemoteEngine(request.server_url, api_key=load_api_key(request.server_url) or None)
     engine.speculation, engine.sampling = request.speculation, request.sampling
+    engine.tree_graph_later = True  # built after "Ready" (EngineWorker._build_tree_graph)
     engine.prepare(progress)
     info = EngineInfo(
         target=engine.model_name or request.server_url,
@@ -206,9 +208,27 @@ class EngineWorker(QObject):
             return
         self._engine = engine
         self.loaded.emit(info)
+        self._build_tree_graph(engine)
         start = getattr(engine, "optimize_in_background", None)
         if start is not None:
             start(_emit_while_alive(self.optimizing), _emit_while_alive(self.optimized))
+
+    def _build_tree_graph(self, engine) -> None:
+        """The token-tree graph that prepare left (tree_graph_later), after "Ready" and on this thread
+        (dynamo traces it five times slower on another): a reply asked for meanwhile waits seconds."""
+        build = getattr(engine, "build_tree_graph", None)
+        if build is None:
+            return
+        shown = []
+
+        def progress(stage: str, done: int, total: int) -> None:
+            shown.append(stage)
+            self.optimizing.emit(stage, done, total)
+
+        if build(progress):
+            self.optimized.emit("Token trees ready: one verify forward may now check several drafts.")
+        elif shown:  # it did not build: clear the progress
+            self.optimized.emit("")
 
     @Slot(object, object)
     def apply_settings(self, speculation: SpeculationSettings, sampling: SamplingSettings) -> None:

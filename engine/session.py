@@ -79,6 +79,7 @@ class ChatEngine:
         self._optimizer: threading.Thread | None = None  # optimize_in_background's thread
         self._optimizing = False  # while the background build runs (until it has switched)
         self._compile_notice = ""  # why a compiled forward was not built, when it was not
+        self.tree_graph_later = False  # prepare leaves the token-tree graph for build_tree_graph
         self.set_draft(draft)
 
     # --- models ---------------------------------------------------------------------------------
@@ -88,25 +89,16 @@ class ChatEngine:
             check_compatible(self.target, draft)
         with self._lock:
             self.draft = draft
-            self._model_drafter = (
-                ModelDrafter(
-                    make_runner(draft.model, draft.device, self.compiled),
-                    self._runner.vocab_size,
-                    draft.name,
-                    target_device=self._runner.device,
+            self._model_drafter = None
+            if draft is not None:
+                runner = make_runner(draft.model, draft.device, self.compiled)
+                self._model_drafter = ModelDrafter(
+                    runner, self._runner.vocab_size, draft.name, self._runner.device
                 )
-                if draft is not None
-                else None
-            )
 
     def reset(self) -> None:
         with self._lock:
-            self._runner.reset()
-            self._cached_tokens = []
-            if self._head is not None:
-                self._head[1].reset()
-            if self._model_drafter is not None:
-                self._model_drafter.reset()
+            self._forget_caches()
             self._ngram = None
             self._suffix.reset()  # the conversation goes; what earlier replies taught the index stays
 
@@ -134,7 +126,7 @@ class ChatEngine:
         sampling, speculation = self.sampling, self.speculation
         sampling.validate()
         speculation.validate()
-        self._check_fits(prompt_ids)
+        self.check_fits(prompt_ids)
         with self._lock:
             self.calibrate()
             drafter, note = self._choose_drafter(speculation)
@@ -228,7 +220,10 @@ class ChatEngine:
     def prepare(self, progress=None) -> None:
         """Work before the first reply, so that it does not wait: compiles the forwards (when compilation
         is on, or on CPU with "auto" when an earlier start built them: seconds), measures the verify
-        cost (or reads it back from an earlier start), loads the draft head the drafter may use."""
+        cost (or reads it back from an earlier start), loads the draft head the drafter may use.
+        With `tree_graph_later` the token-tree graph is left for build_tree_graph, after "Ready"
+        (reading it back made a 10 s start 13 s; until then rounds verify one chain). Call that on
+        this same thread: from another one, dynamo traced the graph five times slower."""
         from engine.runtime import compile_build
 
         with self._lock:
@@ -238,12 +233,15 @@ class ChatEngine:
                 if runner is not None and getattr(runner, "is_compiled", False):
                     runner.warm_up(progress=progress)
             self.calibrate(progress)
-            self._build_tree_graph(progress)
+            if not self.tree_graph_later:
+                self._build_tree_graph(progress)
             if self.speculation.drafter in ("head", "auto"):  # loaded and checked now, not in a reply
                 self._fitting_head()
             # a CPU build that an earlier start finished: seconds from inductor's cache, before "Ready"
             if self._may_compile_later() and compile_build.is_built(self.target, self._compiled_capture()):
-                self._compile_notice = self._compile_from_cache(progress) or ""
+                self._compile_notice = (
+                    self._compile_from_cache(progress, trees=not self.tree_graph_later) or ""
+                )
 
     def optimize_in_background(
         self,
@@ -304,27 +302,37 @@ class ChatEngine:
         head = self._fitting_head()
         return tuple(head.wants_hidden) if head is not None else ()
 
-    def _compile_from_cache(self, progress=None) -> str | None:
+    def _compile_from_cache(self, progress=None, trees: bool = True) -> str | None:
         """Compiles the target's forward (seconds from inductor's cache), switches to it and measures
         it; None when done, else why not (the runner stays eager). Holds no lock itself."""
         self._runner.compiled_capture = self._compiled_capture()
         if not self._runner.compile_now(progress):
             return self._runner.notice or "Running without compilation."
         self._recalibrate(progress)
-        self._build_tree_graph(progress)
+        if trees:
+            self._build_tree_graph(progress)
         return None
 
-    def _build_tree_graph(self, progress=None) -> None:
+    def build_tree_graph(self, progress=None) -> bool:
+        """The token-tree graph that prepare left out (tree_graph_later), where it is due; True once built."""
+        with self._lock:
+            return self._build_tree_graph(progress)
+
+    def _build_tree_graph(self, progress=None) -> bool:
         """A compiled CPU runner verifies token trees on a graph of its own, and none without it (the
         uncompiled forward rounds apart from the compiled steps). That graph is one more to read back
         at every start (seconds), so it is built only where the measured cost gives a tree room: a
         verify forward one token wider than a one-token draft's costing at most what that draft's does."""
+        if self._tree_graph_due():
+            self._runner.warm_up(progress=progress, trees=True)
+        return getattr(self._runner, "tree_graph", False)
+
+    def _tree_graph_due(self) -> bool:
         runner = self._runner
         compiled_cpu = getattr(runner, "is_compiled", False) and getattr(runner, "dynamic_shapes", False)
-        if not compiled_cpu or runner.tree_graph or not self.speculation.trees:
-            return
-        if self._verify_curve.widest_at_cost(2, limit=MAX_TREE_SIZE) > 2:
-            runner.warm_up(progress=progress, trees=True)
+        if not compiled_cpu or runner.tree_graph or not self.speculation.trees or self._verify_curve is None:
+            return False
+        return self._verify_curve.widest_at_cost(2, limit=MAX_TREE_SIZE) > 2
 
     def _recalibrate(self, progress=None) -> None:
         """Measures the runner's verify cost again (it changed), keeping the curve object the planners hold."""
@@ -359,9 +367,6 @@ class ChatEngine:
 
     def check_fits(self, prompt_ids: list[int]) -> None:
         """ContextOverflowError when the prompt leaves no room for an answer; callers check before storing."""
-        self._check_fits(prompt_ids)
-
-    def _check_fits(self, prompt_ids: list[int]) -> None:
         limit = self._runner.context_length
         if len(prompt_ids) + 1 > limit:
             raise ContextOverflowError(
@@ -385,11 +390,7 @@ class ChatEngine:
             return self._head_drafter(), note
         if kind == "auto":
             members = [self._ngram_drafter(speculation), self._suffix, *self.extra_drafters]
-            head = self._fitting_head()
-            if head is not None:
-                members.append(head)
-            if self._model_drafter is not None:
-                members.append(self._model_drafter)
+            members += [d for d in (self._fitting_head(), self._model_drafter) if d is not None]
             return AutoDrafter(members), note
         return NoDrafter(self._runner.vocab_size, self._runner.device), note
 

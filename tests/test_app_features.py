@@ -390,3 +390,27 @@ def test_background_optimization_shows_in_the_status_bar_while_replies_go_on(qtb
         window.statusBar().currentMessage().startswith("Optimized for this machine: a token now takes 22 ms")
     )
     assert "uncompiled 27 ms" in window.models_label.toolTip()
+
+
+class TreeGraphEngine(ScriptedEngine):
+    """Left its token-tree graph for after "Ready" (ChatEngine.tree_graph_later); builds it
+    when the worker asks, on the worker's thread, and notes which thread that was."""
+
+    def __init__(self, replies):
+        super().__init__(replies)
+        self.built_on: list[threading.Thread] = []
+
+    def build_tree_graph(self, progress=None) -> bool:
+        progress("optimizing for this machine", 0, 1)
+        self.built_on.append(threading.current_thread())
+        return True
+
+
+def test_the_tree_graph_is_built_after_ready_off_the_gui_thread(qtbot, store):
+    engine = TreeGraphEngine(["answered"])
+    window = open_window(qtbot, store, engine)
+    qtbot.waitUntil(lambda: window.statusBar().currentMessage().startswith("Token trees ready"))
+    assert window.optimize_label.text() == "" and engine.built_on
+    assert engine.built_on[0] is not threading.main_thread()
+    send(qtbot, window, "hi")
+    assert [m.content for m in store.thread(window.conversation_id)] == ["hi", "answered"]

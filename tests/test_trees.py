@@ -188,3 +188,26 @@ def test_a_compiled_engine_builds_the_tree_graph_only_where_trees_get_room(make_
         assert runner.tree_graph == runner.supports_trees == room
     finished = engine.generate_ids([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8])
     assert finished.stats.generated_tokens > 0 and runner.is_compiled
+
+
+def test_an_engine_ready_before_its_tree_graph_builds_it_when_asked(make_tiny, monkeypatch):
+    """The app says "Ready" without the tree graph (tree_graph_later: reading it back made a 10 s start
+    13 s), then asks for it with build_tree_graph."""
+    from engine.session import ChatEngine
+
+    monkeypatch.delenv("TANDEM_COMPILE", raising=False)
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda module, **kwargs: real_compile(module, backend="aot_eager", dynamic=True)
+    )
+    monkeypatch.setattr(VerifyCostCurve, "widest_at_cost", lambda self, n, limit: 3)  # trees have room
+    engine = ChatEngine(make_tiny(seed=5), None, SpeculationSettings(trees=True), compiled="on")
+    engine.tree_graph_later = True
+    engine.prepare()
+    runner = engine._runner
+    assert runner.is_compiled and not runner.tree_graph
+    stages = []
+    assert engine.build_tree_graph(lambda stage, done, total: stages.append(done))
+    assert runner.tree_graph and runner.supports_trees and stages
+    finished = engine.generate_ids([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8])
+    assert finished.stats.generated_tokens > 0

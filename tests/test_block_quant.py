@@ -48,6 +48,9 @@ def test_each_code_path_computes_the_block_arithmetic(bits, path):
     many = torch.randn(bq.INTEGER_ROWS + 1, 192)
     y = torch.ops.tandem_block_quant.linear(many, qweight, scales, mins, bits, path)
     torch.testing.assert_close(y, F.linear(many, held), atol=2e-5, rtol=1e-5)
+    # each path turns the blocks back into the same floats (d * q, then + m) for that GEMM
+    portable = torch.ops.tandem_block_quant.linear(many, qweight, scales, mins, bits, "portable")
+    assert torch.equal(y, portable)
     # and the blocks are a fair copy of the float weight
     assert (held - weight).abs().max() < (0.02 if bits == 4 else 0.002)
 

@@ -204,6 +204,9 @@ class Kernel:
     # Activations rounded to integers on each call: a verify forward and a one-token step can round a
     # value on either side and pick different tokens, so such a target is not drafted for.
     rounds_activations: bool = False
+    # Its layers run on the fused, compiled fast path, each verify row alike whatever their number
+    # (engine.models.block_quant), where other CPU kernels leave the forward eager and unfused.
+    fast_path: bool = False
 
     def unavailable_reason(self) -> str | None:
         return _unavailable_reason(self)
@@ -299,6 +302,7 @@ def _kernels() -> dict[str, Kernel]:
             "INT8 blocks of 32 (as GGUF Q8_0), activations in INT8 blocks, integer dot products",
             _block(8),
             rounds_activations=True,
+            fast_path=True,
         ),
         Kernel(
             "int4-block-q4_1",
@@ -309,6 +313,7 @@ def _kernels() -> dict[str, Kernel]:
             _block(4),
             make_head=_block(8),
             rounds_activations=True,
+            fast_path=True,
         ),
         Kernel(
             "int4-weight-g32",

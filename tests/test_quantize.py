@@ -125,6 +125,7 @@ def test_target_precision_int8_is_not_the_fp32_target(builtin_model):
     assert int8.info["precision"] == "int8" and int8.quantization == "int8"
     assert builtin_model.info["precision"] == "fp32"
     assert "not identical" in precision_note("int8", int8.device)
+    assert "Drafting stays exact on the CPU block kernels" in precision_note("int4", int8.device)
 
 
 @pytest.mark.cuda

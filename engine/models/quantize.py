@@ -57,8 +57,9 @@ def precision_note(precision: str, device) -> str:
         return f"bf16 halves the weights' memory; output differs slightly from fp32.{speed}"
     return (
         f"{precision.upper()} target: less memory and, on a CPU, GGUF-style blocks with integer dot "
-        "products; its output is its own, not identical to the fp32 model's. Where its kernel rounds "
-        "activations (the CPU block kernels do), Tandem does not draft for it, to stay exact."
+        "products; its output is its own, not identical to the fp32 model's. Drafting stays exact on "
+        "the CPU block kernels, which round each token alike however many are checked at once; where "
+        "a kernel rounds them apart, Tandem does not draft for it."
     )
 
 

@@ -138,7 +138,6 @@ def remote_engine_factory(request: LoadRequest, progress: ProgressCallback) -> t
     progress(f"Connecting to {request.server_url}", 0, 0)
     engine = RemoteEngine(request.server_url, api_key=load_api_key(request.server_url) or None)
     engine.speculation, engine.sampling = request.speculation, request.sampling
-    engine.tree_graph_later = True  # built after "Ready" (EngineWorker._build_tree_graph)
     engine.prepare(progress)
     info = EngineInfo(
         target=engine.model_name or request.server_url,

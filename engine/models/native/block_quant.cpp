@@ -463,6 +463,26 @@ void dequantize_rows(const uint8_t* weights, const float* d, const float* mn, in
   }
 }
 
+// The vector versions wherever a vector code path was chosen; they give the portable ones' results.
+Activations quantize_for(const std::string& path, const float* x, int64_t m, int64_t k) {
+#ifdef BLOCKQ_X86
+  if (path != "portable") return quantize_activations_avx2(x, m, k);
+#endif
+  return quantize_activations(x, m, k);
+}
+
+void dequantize_for(const std::string& path, const uint8_t* weights, const float* d, const float* mn,
+                    int64_t bits, int64_t k, int64_t r0, int64_t r1, float* out) {
+#ifdef BLOCKQ_X86
+  if (path != "portable") {
+    if (bits == 4) dequantize_rows_avx2<4>(weights, d, mn, k, r0, r1, out);
+    else dequantize_rows_avx2<8>(weights, d, mn, k, r0, r1, out);
+    return;
+  }
+#endif
+  dequantize_rows(weights, d, mn, bits, k, r0, r1, out);
+}
+
 using Rows = void (*)(const uint8_t*, const float*, const float*, const Activations&, int64_t, int64_t, int64_t,
                      int64_t, int64_t, float*);
 
@@ -505,24 +525,13 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& qweight, const
       for (int64_t t = begin; t < end; t += kTile) {
         const int64_t stop = std::min(end, t + kTile);
         torch::Tensor tile = torch::empty({stop - t, k}, x.options());
-        float* floats = tile.data_ptr<float>();
-#ifdef BLOCKQ_X86
-        if (path != "portable" && bits == 4) dequantize_rows_avx2<4>(weights, d, mn, k, t, stop, floats);
-        else if (path != "portable") dequantize_rows_avx2<8>(weights, d, mn, k, t, stop, floats);
-        else
-#endif
-          dequantize_rows(weights, d, mn, bits, k, t, stop, floats);
+        dequantize_for(path, weights, d, mn, bits, k, t, stop, tile.data_ptr<float>());
         y.narrow(1, t, stop - t).copy_(at::mm(xc, tile.t()));
       }
     });
     return y;
   }
-#ifdef BLOCKQ_X86
-  const Activations a = path == "portable" ? quantize_activations(xc.data_ptr<float>(), m, k)
-                                           : quantize_activations_avx2(xc.data_ptr<float>(), m, k);
-#else
-  const Activations a = quantize_activations(xc.data_ptr<float>(), m, k);
-#endif
+  const Activations a = quantize_for(path, xc.data_ptr<float>(), m, k);
   torch::Tensor y = torch::empty({m, n}, x.options());
   float* out = y.data_ptr<float>();
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) { rows(weights, d, mn, a, m, k, begin, end, n, out); });

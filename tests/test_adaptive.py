@@ -292,6 +292,9 @@ class SimulatedRound:
     catch_up_s: float
     verify_size: int
     tree_nodes: int = 0
+    off_chain: bool = False
+    side_chance: bool = False
+    chain_accepted: int | None = None
 
 
 def text_conditions(rng, drafter, length, mean_run=24):
@@ -514,10 +517,56 @@ def test_padding_a_verify_gives_a_tree_no_room():
     for trees in (False, True):
         planner = DraftPlanner([(Drafter(), KController(SpeculationSettings(trees=trees), curve))], curve)
         plan = planner._plan(planner.members[0], 1, None, limit=16)
-        assert (plan.verify_size, plan.tree_size) == (5, 2), trees
+        assert plan.verify_size == 5 and plan.tree_sizes in ((), (1, 2)), trees
     curve = curve_of({1: 0.020, 2: 0.020, 3: 0.020, 4: 0.020, 5: 0.020})
     planner = DraftPlanner([(Drafter(), KController(SpeculationSettings(), curve))], curve)
-    assert planner._plan(planner.members[0], 1, None, limit=16).tree_size == 5  # where trees are free
+    assert planner._plan(planner.members[0], 1, None, limit=16).tree_sizes == (1, 3)  # where trees are free
+
+
+def test_side_nodes_are_granted_by_what_they_are_expected_to_save():
+    """One side node beside each draft token, shallowest first, while the tokens it is expected to
+    save (the chain failing at its depth, times how often a side node was right there) pay for the
+    dearer verify; a drafter whose side nodes are never right gets none, however cheap they are."""
+    flat = curve_of({1: 0.020, 2: 0.020, 3: 0.020, 4: 0.020, 5: 0.020, 7: 0.020})
+    k = KController(SpeculationSettings(), flat)
+    for _ in range(2):  # the first draft token fails: a side node beside it pays
+        k.observe(3, drafted=3, accepted=0, draft_s=0.0003, verify_s=0.020, verify_size=4)
+    assert k.tree_size(3) == 5
+    assert k.tree_size(3, limit=4) == 4  # no room
+    k = KController(SpeculationSettings(), flat)
+    for _ in range(4):  # the second one fails: side nodes down to it
+        k.observe(3, drafted=3, accepted=1, draft_s=0.0003, verify_s=0.020, verify_size=4)
+    assert k.tree_size(3) == 6
+    steep = curve_of({1: 0.020, 2: 0.022, 3: 0.026, 4: 0.030, 5: 0.034, 7: 0.042})
+    k = KController(SpeculationSettings(), steep)
+    for _ in range(2):
+        k.observe(3, drafted=3, accepted=0, draft_s=0.0003, verify_s=0.030, verify_size=4)
+    assert k.tree_size(3) == 4  # each node costs a fifth of a step: a chain
+    k = KController(SpeculationSettings(), flat)
+    for round in range(60):  # trees whose side node never once saved a round the chain lost
+        k.observe(
+            1, drafted=1, accepted=round % 2, draft_s=0.0003, verify_s=0.020, verify_size=3,
+            tree=True, side_chance=round % 2 == 0, side_won=False,
+        )  # fmt: skip
+    assert k.side_acceptance < 0.05 and k.tree_size(1) == 2
+    for round in range(60):
+        k.observe(
+            1, drafted=1, accepted=round % 2, draft_s=0.0003, verify_s=0.020, verify_size=3,
+            tree=True, side_chance=round % 2 == 0, side_won=round % 2 == 0,
+        )  # fmt: skip
+    assert k.side_acceptance > 0.5 and k.tree_size(1) == 3
+
+
+def test_a_tree_timed_dear_once_is_tried_again_after_chain_rounds():
+    """A tree size timed at 1.3 chains (the machine was busy) keeps trees out; nothing would re-time a
+    size never granted, so each chain round fades its excess over the chain, and trees come back."""
+    curve = curve_of({1: 0.020, 2: 0.020, 3: 0.020})
+    k = KController(SpeculationSettings(), curve)
+    k.observe(1, drafted=1, accepted=0, draft_s=0.0003, verify_s=0.026, verify_size=3, tree=True)
+    assert k.tree_size(1) == 2
+    for round in range(150):
+        k.observe(1, drafted=1, accepted=round % 2, draft_s=0.0003, verify_s=0.020, verify_size=2)
+    assert curve.tree_price(3) < 0.0204 and k.tree_size(1) == 3
 
 
 def test_a_new_planner_keeps_what_its_unchanged_drafters_measured():

@@ -8,7 +8,8 @@ from scipy.stats import chisquare
 
 from engine.decoding.adaptive import DraftPlanner, KController
 from engine.decoding.drafters import NgramDrafter, SuffixDrafter
-from engine.decoding.speculative import generate
+from engine.decoding.drafters.base import Draft, Drafter
+from engine.decoding.speculative import generate, speculative_round
 from engine.decoding.tree import DraftTree, verify_tree, walk
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.runtime.eager import ModelRunner
@@ -211,3 +212,70 @@ def test_an_engine_ready_before_its_tree_graph_builds_it_when_asked(make_tiny, m
     assert runner.tree_graph and runner.supports_trees and stages
     finished = engine.generate_ids([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8])
     assert finished.stats.generated_tokens > 0
+
+
+class FixedTreeDrafter(Drafter):
+    """Proposes a fixed chain, and one fixed side node under the root in its tree."""
+
+    name = "fixed"
+
+    def __init__(self, chain: list[int], side: int):
+        self.chain, self.side = chain, side
+
+    def propose(self, context, k):
+        return Draft(torch.tensor(self.chain[:k]), None)
+
+    def tree(self, context, draft, budget):
+        tree = DraftTree.chain(draft)
+        tree.add(self.side, -1)
+        return tree
+
+
+def test_a_tree_round_tells_the_chains_acceptance_apart_from_a_side_nodes(make_tiny):
+    """A side node kept where the chain failed is one more token, but not an accepted draft token: the
+    acceptance model measures the chain, and the side node's own record (side_chance) says whether
+    one stood where the chain failed."""
+    loaded = make_tiny(seed=7)
+    runner = FastRunner(loaded.model, compiled="off")
+    runner.prefill(CONTEXT[:-1])
+    first = int(runner.forward([CONTEXT[-1]])[-1].argmax())
+    second = int(runner.forward([first])[-1].argmax())
+    wrong = [t for t in range(3, 60) if t not in (first, second)]
+    greedy = SamplingSettings(temperature=0.0)
+
+    def round_with(drafter):
+        runner.reset()
+        runner.prefill(CONTEXT[:-1])
+        return speculative_round(
+            runner, drafter, CONTEXT, 2, greedy, torch.Generator(), None, tree_sizes=(1, 2, 4)
+        )
+
+    saved = round_with(FixedTreeDrafter([wrong[0], wrong[1]], side=first))
+    assert saved.tokens == [first, second] and saved.num_accepted == 1
+    assert saved.off_chain and saved.side_chance and saved.chain_accepted == 0 and saved.tree_nodes == 1
+    beyond = round_with(
+        FixedTreeDrafter([first, wrong[0]], side=wrong[1])
+    )  # fails at depth 1: no side node there
+    assert beyond.tokens == [first, second] and beyond.chain_accepted == 1
+    assert not beyond.off_chain and not beyond.side_chance
+    missed = round_with(FixedTreeDrafter([wrong[0], wrong[1]], side=wrong[2]))
+    assert missed.side_chance and not missed.off_chain and missed.tokens == [first]
+
+
+def test_unseeded_sampling_verifies_chains_and_seeded_sampling_trees(builtin_model):
+    """A tree's nodes are fixed tokens that the target's own sample must hit; unseeded sampling checks a
+    chain by rejection sampling instead, which keeps more, so it gets no trees. Seeded sampling draws
+    the draft and the target from one noise, and gets them."""
+    tokenizer, model = builtin_model.tokenizer, builtin_model.model
+    prompt = tokenizer(LISTS)["input_ids"]
+    speculation = SpeculationSettings(drafter="ngram", k=4)
+    rounds = {}
+    for seed in (None, 3):
+        drafter = NgramDrafter(model.config.vocab_size, "cpu")
+        finished = generate(
+            FastRunner(model, compiled="off"), drafter, prompt,
+            SamplingSettings(temperature=0.7, seed=seed, max_new_tokens=24), speculation, set(), tokenizer,
+            planner=flat_planner(drafter, speculation),
+        )  # fmt: skip
+        rounds[seed] = finished.stats.tree_rounds
+    assert rounds[None] == 0 and rounds[3] > 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from engine.decoding.acceptance import AcceptanceModel
+from engine.decoding.acceptance import AcceptanceModel, expected_tokens_from
 from engine.decoding.confidence import ConfidenceCalibration, StopRule
 from engine.decoding.drafters.base import Drafter, Lookahead
 from engine.decoding.verify_cost import VerifyCostCurve
@@ -50,6 +50,13 @@ class KController:
     # K is chosen from an upper confidence bound on acceptance (z in AcceptanceModel.conditional):
     # what is measured often is judged by its figure, what is measured rarely gets the benefit of the doubt
     OPTIMISM = 1.0
+    # A token tree's side node (the head's second choice, another match's continuation) kept where the
+    # main branch was rejected beside it, before that is measured: teacher-forced on Tandem's prompts,
+    # the shipped head's second choice was right at about one in five of the places its first was not.
+    SIDE_PRIOR, SIDE_PRIOR_WEIGHT = 0.2, 2.0
+    # a side node must be expected to pay at least this share more than it costs: a tree's price and a
+    # chain's are timed apart, in different rounds, and on a CPU each is a few per cent off
+    TREE_MARGIN = 0.03
 
     def __init__(
         self,
@@ -72,6 +79,7 @@ class KController:
         self.empty_share = 0.0
         self._probe_interval, self._since_probe, self._probing = probe_every, 0, False
         self._fastest_draft_step_s, self._draft_steps_seen = float("inf"), 0
+        self._side_won = self._side_chances = 0.0  # decayed: side nodes kept, and rounds that had the chance
 
     @property
     def alpha(self) -> float:
@@ -127,6 +135,35 @@ class KController:
                 best_k, best_rate = k, rate
         return best_k, best_rate, plain_rate
 
+    @property
+    def side_acceptance(self) -> float:
+        """How often a side node is kept where the main branch was rejected beside it."""
+        prior = self.SIDE_PRIOR * self.SIDE_PRIOR_WEIGHT
+        return (self._side_won + prior) / (self._side_chances + self.SIDE_PRIOR_WEIGHT)
+
+    def tree_size(self, k: int, condition=None, limit: int = MAX_TREE_SIZE) -> int:
+        """Nodes to verify (the root included) in a round that drafts k tokens: k + 1, a chain, or a
+        tree with one side node beside each of the first draft tokens, shallowest first, as many as
+        pay for their verify. A side node at depth d saves the round where the chain survives to d and
+        fails there, with probability reach_d (1 - p_d), and is right then with side_acceptance: one
+        token more. Each size is priced at what a tree of that size measured (VerifyCostCurve.tree_price)."""
+        chain = self.curve.estimate(k + 1)
+        if chain is None or k <= 0:
+            return k + 1
+        conditional, side = self.acceptance.conditional(condition), self.side_acceptance
+        draft = k * (self.draft_step_s or 0.0)
+        tokens, reach = expected_tokens_from(conditional, k), 1.0
+        best_size, best_rate = k + 1, tokens / (draft + chain)
+        for depth in range(min(k, limit - k - 1)):
+            p = conditional[depth] if depth < len(conditional) else 0.0
+            tokens += reach * (1 - p) * side
+            reach *= p
+            size = k + 2 + depth
+            rate = tokens / (draft + self.curve.tree_price(size))
+            if rate > best_rate * (1 + self.TREE_MARGIN):
+                best_size, best_rate = size, rate
+        return best_size
+
     def stop_rule(self, k: int) -> StopRule | None:
         """The confidence stop for a round of at most k draft tokens; None before anything is measured."""
         costs = [self.curve.estimate(n) for n in range(1, k + 3)]
@@ -168,12 +205,18 @@ class KController:
         condition=None,
         verify_size: int | None = None,
         tree: bool = False,
+        side_chance: bool = False,
+        side_won: bool = False,
     ) -> None:
         """One round: `drafted` tokens proposed (<= k), `accepted` kept; times in seconds;
         `verify_size`: tokens the verify forward really ran (drafted + 1 unless padded);
-        `tree`: the verify was a token tree (its time goes to the tree prices, not the chain curve)."""
+        `tree`: the verify was a token tree (its time goes to the tree prices, not the chain curve);
+        `side_chance`, `side_won`: a side node stood where the chain was rejected, and was kept."""
         if tree:
             self.curve.observe_tree(verify_size or drafted + 1, verify_s)
+            if side_chance:
+                self._side_won = 0.97 * self._side_won + side_won
+                self._side_chances = 0.97 * self._side_chances + 1.0
         else:
             self.curve.observe(verify_size or drafted + 1, verify_s)
         if k > 0:
@@ -222,7 +265,9 @@ class Plan:
     k: int
     condition: Hashable = None
     verify_size: int = 1
-    tree_size: int = 1  # tokens a verify forward may hold when the drafter adds a tree's other branches
+    # per number of tokens drafted (0..k): the nodes, root included, a verify forward may hold when
+    # the drafter adds a tree's other branches (a drafter that stops by its confidence drafts fewer than k)
+    tree_sizes: tuple[int, ...] = ()
 
     @property
     def drafter_name(self) -> str:
@@ -281,11 +326,14 @@ class DraftPlanner:
         if plan.controller is None or plan.k == 0:
             self.curve.observe(result.verify_size, result.verify_s)
             return
-        if plan.drafter.stop_rule is not None and not result.tree_nodes:  # a confidence drafter's round
-            plan.controller.calibration.observe(plan.drafter.last_confidences, result.num_accepted)
+        # the chain's acceptance is what the models measure: a side node kept is not its next token
+        kept = result.num_accepted if result.chain_accepted is None else result.chain_accepted
+        if plan.drafter.stop_rule is not None:  # a confidence drafter's round
+            plan.controller.calibration.observe(plan.drafter.last_confidences, kept)
         plan.controller.observe(
-            plan.k, result.drafted, result.num_accepted, result.draft_s - result.catch_up_s,
+            plan.k, result.drafted, kept, result.draft_s - result.catch_up_s,
             result.verify_s, plan.condition, result.verify_size, tree=result.tree_nodes > 0,
+            side_chance=result.side_chance, side_won=result.off_chain,
         )  # fmt: skip
 
     def note(self) -> str:
@@ -308,9 +356,6 @@ class DraftPlanner:
         adaptive = controller.speculation.adaptive
         # Room for a tree only where trees are on and priced as trees: padding rows are free on the
         # chain's path, not necessarily on a tree's (its own graph), so a padded size is no room.
-        tree_size = k + 1
-        if controller.speculation.trees:  # a tree adds no emitted depth: only the cache must hold it
-            tree_size = self.curve.widest_at_cost(k + 1, limit=MAX_TREE_SIZE)
         if drafter.confidence_stops:
             # the drafter stops token by token where its confidence says to; K is only the most it may draft
             rule = (
@@ -319,7 +364,10 @@ class DraftPlanner:
             drafter.stop_rule = rule
             k = len(rule.verify_s) - 2 if rule is not None else k
         size = self.curve.padded_size(k + 1, limit=limit + 1) if adaptive else k + 1
-        return Plan(drafter, controller, k, condition, size, tree_size)
+        # a tree adds no emitted depth: only the cache must hold it
+        trees = controller.speculation.trees
+        tree_sizes = tuple(controller.tree_size(d, condition) for d in range(k + 1)) if trees else ()
+        return Plan(drafter, controller, k, condition, size, tree_sizes)
 
     def _plan_among(self, context: list[int], limit: int) -> Plan:
         options: list[_Option] = []

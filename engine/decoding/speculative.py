@@ -50,6 +50,10 @@ class RoundResult:
     verify_size: int = 1  # tokens the verify forward ran: drafted + 1, or more when padded
     tree_nodes: int = 0  # nodes off the main branch verified with it (0: a chain round)
     off_chain: bool = False  # the accepted path left the main branch
+    # a side node stood where the main branch was rejected (or the path took one): what tells how
+    # often a side node saves a round (KController.side_acceptance)
+    side_chance: bool = False
+    chain_accepted: int | None = None  # in a tree round: draft tokens kept along the main branch
 
 
 def make_generator(sampling: SamplingSettings, device) -> torch.Generator:
@@ -80,7 +84,7 @@ def speculative_round(
     *,
     verify_size: int | None = None,
     noise: PositionNoise | None = None,
-    tree_size: int | None = None,
+    tree_sizes: tuple[int, ...] = (),
 ) -> RoundResult:
     # 1. Draft up to k tokens (k = 0 or no drafter: a plain decoding step).
     clock = RoundClock(target.device)
@@ -94,25 +98,23 @@ def speculative_round(
             drafter.update([])
         raise Cancelled
 
-    # 2a. A token tree: the draft plus the drafter's other candidates, where the plan gives room (it
-    #     priced a chain of k: a drafter that stopped short of k gets no room from it).
+    # 2a. A token tree: the draft plus the drafter's other candidates, where the plan gives room for
+    #     a draft of this length.
     drafted = len(draft)
-    if (
-        drafting
-        and drafted == k
-        and tree_size
-        and tree_size > drafted + 1
-        and getattr(target, "supports_trees", False)
-    ):
+    tree_size = tree_sizes[drafted] if drafted < len(tree_sizes) else drafted + 1
+    if drafting and tree_size > drafted + 1 and getattr(target, "supports_trees", False):
         tree = drafter.tree(context, draft.tokens.tolist(), tree_size - 1)
         if tree is not None:
             outcome, _ = verify_tree(target, tree, context, sampling, generator, noise)
             clock.mark()
             drafter.update(outcome.accepted)
+            off_chain = any(node >= tree.chain_length for node in outcome.path)
+            rejected_at = len(outcome.accepted)
+            side_chance = off_chain or (rejected_at < drafted and tree.has_side_node_at(rejected_at))
             return RoundResult(
                 outcome.accepted + [outcome.next_token], drafted, len(outcome.accepted), *clock.split(),
-                drafter.catch_up_s, len(tree) + 1, len(tree) - drafted,
-                any(node >= tree.chain_length for node in outcome.path),
+                drafter.catch_up_s, len(tree) + 1, len(tree) - drafted, off_chain, side_chance,
+                sum(node < tree.chain_length for node in outcome.path),
             )  # fmt: skip
 
     # 2. Verify: one target forward over the last context token and the draft tokens, padded to
@@ -270,6 +272,10 @@ def generate(
     stops = StopMatcher(sampling.stop)
     streamed: list[str] = []
     plain_only = isinstance(drafter, NoDrafter)
+    # Tree nodes are fixed candidates that the target's own sample must hit. Unseeded sampling
+    # checks a chain by rejection sampling instead, which keeps far more draft tokens than a match
+    # of two independent samples would; seeded sampling draws both from one noise, so they coincide.
+    trees = sampling.greedy or noise is not None
     if not plain_only:
         planner.start_reply()
     stats.drafter = drafter.name
@@ -352,7 +358,7 @@ def generate(
         try:
             result = speculative_round(
                 target, plan.drafter, context, plan.k, sampling, generator, cancel,
-                verify_size=plan.verify_size, noise=noise, tree_size=plan.tree_size,
+                verify_size=plan.verify_size, noise=noise, tree_sizes=plan.tree_sizes if trees else (),
             )  # fmt: skip
         except Cancelled:
             return finish("cancelled")

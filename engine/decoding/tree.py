@@ -8,10 +8,11 @@ any temperature by one rule: at each node the target picks its own next token (a
 the seeded race when seeded, a sample otherwise) and the walk moves to the child holding that token,
 if any. Every emitted token is therefore drawn from the target's distribution given the path so far.
 
-Sizing: the tree fills the verify forward up to the size the measured cost curve says is no dearer
-than the chain alone (engine.decoding.adaptive.VerifyCostCurve.widest_at_cost): on a CPU that is
-often the chain plus the slots padding would have wasted; on a GPU, where a forward over 32 tokens
-costs about what one costs, it is wide.
+Sizing (engine.decoding.adaptive.KController.tree_size): one side node beside each draft token,
+shallowest first, as many as the tokens they are expected to save pay for their dearer verify. What a
+side node saves is measured: how often the chain fails at its depth, and how often a side node was
+right where it did. The price is what trees of that size measured (VerifyCostCurve.tree_price): on
+a CPU a few nodes, where a verify of up to six tokens costs about one step; on a GPU, wide.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class DraftTree:
                     return
                 child = self.add(token, parent)
             parent = child
+
+    def has_side_node_at(self, depth: int) -> bool:
+        """Whether a node off the main branch stands beside its node at `depth` (same parent)."""
+        parent = depth - 1
+        return any(p == parent for p in self.parents[self.chain_length :])
 
     def children(self) -> dict[int, dict[int, int]]:
         """parent (-1 = root) -> {token: child index}."""

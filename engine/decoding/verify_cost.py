@@ -47,7 +47,13 @@ class VerifyCostCurve:
         self._reference: dict[int, float] = {}
         self._drift, self._drift_rounds = 1.0, 0
 
+    # Each chain round takes this share of the excess a tree size's figure has over the chain's: a
+    # figure timed once under load would otherwise keep every tree out for good, as nothing re-times
+    # a size that is never granted. A tree that really costs more is re-timed and kept out again.
+    TREE_EXCESS_FADE = 0.02
+
     def observe(self, n: int, seconds: float) -> None:
+        self._fade_tree_excess()
         old = self._average_into(self.seconds, n, seconds)
         if old is None or n != 1:
             return
@@ -65,6 +71,12 @@ class VerifyCostCurve:
 
     def observe_tree(self, n: int, seconds: float) -> None:
         self._average_into(self.tree_seconds, n, seconds)
+
+    def _fade_tree_excess(self) -> None:
+        for m, seconds in self.tree_seconds.items():
+            chain = self._bounded(m)
+            if chain is not None and seconds > chain:
+                self.tree_seconds[m] = seconds - self.TREE_EXCESS_FADE * (seconds - chain)
 
     def _average_into(self, table: dict[int, float], n: int, seconds: float) -> float | None:
         """Moves table[n] towards `seconds` (the running average); returns its figure before."""
@@ -115,7 +127,9 @@ class VerifyCostCurve:
         figure, cost one losing round to find out.)"""
         if m in self.tree_seconds:
             return self.tree_seconds[m]
-        chain = self.seconds[m]
+        chain = self.seconds[m] if m in self.seconds else self._bounded(m)
+        if chain is None:
+            return float("inf")
         ratios = [
             seconds / self.seconds[s] for s, seconds in self.tree_seconds.items() if self.seconds.get(s)
         ]

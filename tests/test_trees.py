@@ -247,7 +247,7 @@ def test_a_tree_round_tells_the_chains_acceptance_apart_from_a_side_nodes(make_t
         runner.reset()
         runner.prefill(CONTEXT[:-1])
         return speculative_round(
-            runner, drafter, CONTEXT, 2, greedy, torch.Generator(), None, tree_sizes=(1, 2, 4)
+            runner, drafter, CONTEXT, 2, greedy, torch.Generator(), None, tree_room=lambda drafted: 4
         )
 
     saved = round_with(FixedTreeDrafter([wrong[0], wrong[1]], side=first))

@@ -9,8 +9,9 @@ tokens per second, or no draft. t_verify(n) is a measured curve (engine.decoding
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from functools import partial
 
 from engine.decoding.acceptance import AcceptanceModel, expected_tokens_from
 from engine.decoding.confidence import ConfidenceCalibration, StopRule
@@ -265,9 +266,10 @@ class Plan:
     k: int
     condition: Hashable = None
     verify_size: int = 1
-    # per number of tokens drafted (0..k): the nodes, root included, a verify forward may hold when
-    # the drafter adds a tree's other branches (a drafter that stops by its confidence drafts fewer than k)
-    tree_sizes: tuple[int, ...] = ()
+    # tree_room(d): the nodes, root included, a verify forward may hold when the drafter adds a tree's
+    # other branches to the d tokens it drafted (a drafter that stops by its confidence drafts fewer
+    # than k); None: chains only
+    tree_room: Callable[[int], int] | None = None
 
     @property
     def drafter_name(self) -> str:
@@ -365,9 +367,8 @@ class DraftPlanner:
             k = len(rule.verify_s) - 2 if rule is not None else k
         size = self.curve.padded_size(k + 1, limit=limit + 1) if adaptive else k + 1
         # a tree adds no emitted depth: only the cache must hold it
-        trees = controller.speculation.trees
-        tree_sizes = tuple(controller.tree_size(d, condition) for d in range(k + 1)) if trees else ()
-        return Plan(drafter, controller, k, condition, size, tree_sizes)
+        room = partial(controller.tree_size, condition=condition) if controller.speculation.trees else None
+        return Plan(drafter, controller, k, condition, size, room)
 
     def _plan_among(self, context: list[int], limit: int) -> Plan:
         options: list[_Option] = []

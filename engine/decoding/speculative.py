@@ -84,7 +84,7 @@ def speculative_round(
     *,
     verify_size: int | None = None,
     noise: PositionNoise | None = None,
-    tree_sizes: tuple[int, ...] = (),
+    tree_room: Callable[[int], int] | None = None,
 ) -> RoundResult:
     # 1. Draft up to k tokens (k = 0 or no drafter: a plain decoding step).
     clock = RoundClock(target.device)
@@ -101,8 +101,9 @@ def speculative_round(
     # 2a. A token tree: the draft plus the drafter's other candidates, where the plan gives room for
     #     a draft of this length.
     drafted = len(draft)
-    tree_size = tree_sizes[drafted] if drafted < len(tree_sizes) else drafted + 1
-    if drafting and tree_size > drafted + 1 and getattr(target, "supports_trees", False):
+    trees = drafting and drafted and tree_room is not None and getattr(target, "supports_trees", False)
+    tree_size = tree_room(drafted) if trees else drafted + 1
+    if tree_size > drafted + 1:
         tree = drafter.tree(context, draft.tokens.tolist(), tree_size - 1)
         if tree is not None:
             outcome, _ = verify_tree(target, tree, context, sampling, generator, noise)
@@ -358,7 +359,7 @@ def generate(
         try:
             result = speculative_round(
                 target, plan.drafter, context, plan.k, sampling, generator, cancel,
-                verify_size=plan.verify_size, noise=noise, tree_sizes=plan.tree_sizes if trees else (),
+                verify_size=plan.verify_size, noise=noise, tree_room=plan.tree_room if trees else None,
             )  # fmt: skip
         except Cancelled:
             return finish("cancelled")

@@ -356,8 +356,6 @@ class DraftPlanner:
         if k <= 0:
             return Plan(None, None, 0, None, 1)
         adaptive = controller.speculation.adaptive
-        # Room for a tree only where trees are on and priced as trees: padding rows are free on the
-        # chain's path, not necessarily on a tree's (its own graph), so a padded size is no room.
         if drafter.confidence_stops:
             # the drafter stops token by token where its confidence says to; K is only the most it may draft
             rule = (
@@ -366,7 +364,8 @@ class DraftPlanner:
             drafter.stop_rule = rule
             k = len(rule.verify_s) - 2 if rule is not None else k
         size = self.curve.padded_size(k + 1, limit=limit + 1) if adaptive else k + 1
-        # a tree adds no emitted depth: only the cache must hold it
+        # A tree adds no emitted depth (only the cache must hold it), and is priced as a tree: padding
+        # rows are free on the chain's path, not on a tree's (its own graph), so padding gives no room.
         room = partial(controller.tree_size, condition=condition) if controller.speculation.trees else None
         return Plan(drafter, controller, k, condition, size, room)
 

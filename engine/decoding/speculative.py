@@ -101,7 +101,7 @@ def speculative_round(
     # 2a. A token tree: the draft plus the drafter's other candidates, where the plan gives room for
     #     a draft of this length.
     drafted = len(draft)
-    trees = drafting and drafted and tree_room is not None and getattr(target, "supports_trees", False)
+    trees = drafting and drafted > 0 and tree_room is not None and getattr(target, "supports_trees", False)
     tree_size = tree_room(drafted) if trees else drafted + 1
     if tree_size > drafted + 1:
         tree = drafter.tree(context, draft.tokens.tolist(), tree_size - 1)

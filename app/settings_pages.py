@@ -45,9 +45,10 @@ TIPS = {
     "acceptance and the cost of checking K tokens.",
     "k": "Draft exactly this many tokens every round (when Adaptive K is off).",
     "max_k": "The most tokens adaptive K may draft in one round.",
-    "trees": "Verify the drafter's other candidates (the head's second choices, other earlier "
-    "occurrences of a lookup match) in the same target forward, where this machine's measured "
-    "cost says the extra tokens are nearly free. The output stays the target's either way.",
+    "trees": "In greedy replies (temperature 0), verify the drafter's other candidates (the head's "
+    "second choices, other earlier occurrences of a lookup match) in the same target forward, where "
+    "the tokens they are expected to save pay for what they cost on this machine. The output stays "
+    "the target's either way.",
     "p_min": "Stop drafting a round early once the draft's confidence in its next token falls below "
     "p_min (0 = never). Higher values waste less verify work on guesses the target would reject.",
     "temperature": "0 always picks the most likely token (greedy); higher values vary the reply more.",

@@ -215,9 +215,10 @@ class KController:
         `side_chance`, `side_won`: a side node stood where the chain was rejected, and was kept."""
         if tree:
             self.curve.observe_tree(verify_size or drafted + 1, verify_s)
-            if side_chance:
-                self._side_won = 0.97 * self._side_won + side_won
-                self._side_chances = 0.97 * self._side_chances + 1.0
+            if side_chance:  # remembered as long as the acceptance counts are
+                decay = self.acceptance.decay
+                self._side_won = decay * self._side_won + side_won
+                self._side_chances = decay * self._side_chances + 1.0
         else:
             self.curve.observe(verify_size or drafted + 1, verify_s)
         if k > 0:

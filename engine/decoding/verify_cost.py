@@ -103,11 +103,11 @@ class VerifyCostCurve:
         return min(cheaper, key=lambda m: (self.seconds[m], m)) if cheaper else n
 
     def widest_at_cost(self, n: int, limit: int, slack: float = 0.03) -> int:
-        """How wide a token tree may grow for free: the largest size m up to `limit` such that a tree
-        of every size from n + 1 to m costs at most (1 + slack) times the cheapest way to verify n
-        tokens. Every size up to m, because a tree granted room for m may hold fewer nodes. (Granting by
-        the largest cheap size alone, a stale t(5) kept buying three-node trees whose own verify cost
-        1.3 chains.)"""
+        """How wide a token tree could grow for free: the largest size m up to `limit` such that a
+        tree of every size from n + 1 to m costs at most (1 + slack) times the cheapest way to verify n
+        tokens (every size up to m: a tree with room for m may hold fewer nodes). ChatEngine builds the
+        token-tree graph only where this gives a one-token draft room; each round's tree is then sized
+        by what its side nodes are expected to save (KController.tree_size)."""
         price = self.estimate(n)
         if price is None:
             return n

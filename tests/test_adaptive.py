@@ -480,6 +480,27 @@ def test_a_drafter_whose_later_tokens_are_no_likelier_starts_with_shorter_drafts
     assert 1 <= head_like.choose(limit=100) < lookup_like.choose(limit=100)
 
 
+def test_a_drafter_that_stops_by_its_confidence_is_judged_by_its_measured_acceptance():
+    """A draft head at a fifth of a target step, measured just below break-even: at a reply's start
+    the earlier replies' counts weigh little, and the optimistic bound on its acceptance would have it
+    draft at a loss. Its stop rule already picks each round's tokens by confidence, so it is judged by
+    what it measured; a lookup with the same figures still gets the benefit of the doubt."""
+
+    class HeadLike(Drafter):
+        confidence_stops = True
+
+    curve = curve_of({1: 0.1, 2: 0.124, 3: 0.15, 5: 0.2})
+    controllers = {}
+    for name, drafter in (("head", HeadLike()), ("lookup", Drafter())):
+        k = KController.for_drafter(drafter, SpeculationSettings(), curve)
+        for round_index in range(40):  # acceptance 0.35 at K = 1, each draft step 0.02 s
+            k.observe(1, drafted=1, accepted=round_index % 20 < 7, draft_s=0.02, verify_s=0.124)
+        k.start_reply()
+        controllers[name] = k
+    assert controllers["head"].choose(limit=64) == 0 and controllers["head"].plain
+    assert controllers["lookup"].choose(limit=64) > 0  # the bound at work: what the head no longer gets
+
+
 def test_a_tree_gets_room_only_where_every_size_up_to_it_is_cheap_as_a_tree():
     """A curve stored under load priced sizes 1-5 alike; t(2) and t(3) were then observed dearer, t(4)
     and t(5) never were. Trees granted room up to 5 held three nodes, and verified at the price of a

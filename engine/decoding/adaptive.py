@@ -49,7 +49,11 @@ class KController:
     REPLY_MEMORY = 0.3
     MAX_PROBE_INTERVAL = 1024
     # K is chosen from an upper confidence bound on acceptance (z in AcceptanceModel.conditional):
-    # what is measured often is judged by its figure, what is measured rarely gets the benefit of the doubt
+    # what is measured often is judged by its figure, what is measured rarely gets the benefit of the doubt.
+    # Not for a drafter that stops by its own confidence (`for_drafter`): each round's tokens are already
+    # chosen one by one from its calibrated confidence, so the bound only kept it drafting where it lost
+    # (a draft head at a fifth of a 4-bit target's step: 0.96x the target alone with the bound, 0.98x
+    # without, every reply's first rounds drafted at a loss while a few rounds stood behind its figure).
     OPTIMISM = 1.0
     # A token tree's side node (the head's second choice, another match's continuation) kept where the
     # main branch was rejected beside it, before that is measured: teacher-forced on Tandem's prompts,
@@ -66,10 +70,11 @@ class KController:
         probe_every: int = 32,
         acceptance: AcceptanceModel | None = None,
         margin: float = 0.02,
+        optimism: float = OPTIMISM,
     ):
         self.speculation, self.curve = speculation, curve
         self.probe_every, self.margin = probe_every, margin
-        self.optimism = self.OPTIMISM
+        self.optimism = optimism
         self.acceptance = acceptance or AcceptanceModel()
         self.draft_step_s: float | None = None
         self.plain = False  # the last choice: speculation expected slower than the target alone
@@ -81,6 +86,13 @@ class KController:
         self._probe_interval, self._since_probe, self._probing = probe_every, 0, False
         self._fastest_draft_step_s, self._draft_steps_seen = float("inf"), 0
         self._side_won = self._side_chances = 0.0  # decayed: side nodes kept, and rounds that had the chance
+
+    @classmethod
+    def for_drafter(
+        cls, drafter: Drafter, speculation: SpeculationSettings, curve: VerifyCostCurve, **kwargs
+    ):
+        optimism = 0.0 if drafter.confidence_stops else cls.OPTIMISM
+        return cls(speculation, curve, optimism=optimism, **kwargs)
 
     @property
     def alpha(self) -> float:

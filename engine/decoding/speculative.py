@@ -194,7 +194,10 @@ def planner_for(
     earlier planner whose controllers carry over for the drafters both share (DraftPlanner.inherit)."""
     members = drafter.members if isinstance(drafter, AutoDrafter) else [drafter]
     planner = DraftPlanner(
-        [(member, KController(speculation, curve, acceptance=acceptance_for(member))) for member in members],
+        [
+            (member, KController.for_drafter(member, speculation, curve, acceptance=acceptance_for(member)))
+            for member in members
+        ],
         curve,
     )
     if previous is not None:

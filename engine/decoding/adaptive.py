@@ -52,8 +52,8 @@ class KController:
     # what is measured often is judged by its figure, what is measured rarely gets the benefit of the doubt.
     # Not for a drafter that stops by its own confidence (`for_drafter`): each round's tokens are already
     # chosen one by one from its calibrated confidence, so the bound only kept it drafting where it lost
-    # (a draft head at a fifth of a 4-bit target's step: 0.96x the target alone with the bound, 0.98x
-    # without, every reply's first rounds drafted at a loss while a few rounds stood behind its figure).
+    # (a draft head at a fifth of a 4-bit target's step: 0.96x the target alone with the bound, 0.99x
+    # without; each reply's first rounds drafted at a loss while few rounds stood behind its figure).
     OPTIMISM = 1.0
     # A token tree's side node (the head's second choice, another match's continuation) kept where the
     # main branch was rejected beside it, before that is measured: teacher-forced on Tandem's prompts,

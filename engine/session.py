@@ -227,8 +227,10 @@ class ChatEngine:
         from engine.runtime import compile_build
 
         with self._lock:
-            if getattr(self._runner, "is_compiled", False):
-                self._runner.compiled_capture = self._compiled_capture()
+            if getattr(self._runner, "is_compiled", False) or self._may_compile_later():
+                capture = self._runner.compiled_capture = self._compiled_capture()
+                # its compiled forwards are saved there, and read back at the next start in seconds
+                self._runner.precompiled_folder = compile_build.precompiled_folder(self.target, capture)
             for runner in (self._runner, getattr(self._model_drafter, "runner", None)):
                 if runner is not None and getattr(runner, "is_compiled", False):
                     runner.warm_up(progress=progress)

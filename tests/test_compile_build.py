@@ -52,6 +52,8 @@ START_SCRIPT = textwrap.dedent(
         "replies_while_building": replies_while_building, "reply_after": reply(),
         "messages": messages, "notices_while_building": notices_while_building,
         "notices": engine.notices, **cache_hits(),
+        "saved_read": sorted(getattr(engine._runner._compiled, "loaded", {})),
+        "saved_built": getattr(engine._runner._compiled, "built", None),
     }))
     """
 )
@@ -79,9 +81,22 @@ def run_start(folder: Path, cache: Path, which: str) -> dict:
     return run_json_script(START_SCRIPT, str(folder), which, cache=cache)
 
 
+@pytest.fixture
+def row_attention_model_dir(tmp_path, builtin_tokenizer):
+    """A tiny model whose heads of 32 attend on Tandem's row kernel: its compiled forwards are saved."""
+    from tests.tiny_models import build_tiny_llama
+
+    folder = tmp_path / "tiny-llama-rows"
+    build_tiny_llama(builtin_tokenizer, seed=1, hidden=128).save_pretrained(str(folder))
+    builtin_tokenizer.save_pretrained(str(folder))
+    return folder
+
+
 @pytest.mark.slow
-def test_cpu_compiled_path_is_built_beside_replies_and_ready_at_the_next_start(tiny_model_dir, tmp_path):
-    first = run_start(tiny_model_dir, tmp_path / "cache", "first")
+def test_cpu_compiled_path_is_built_beside_replies_and_ready_at_the_next_start(
+    row_attention_model_dir, tmp_path
+):
+    first = run_start(row_attention_model_dir, tmp_path / "cache", "first")
     assert not first["compiled_at_ready"] and first["started"], first
     assert first["notices_while_building"][0].startswith("Optimizing for this machine"), first
     assert first["built"] and first["compiled"], first
@@ -90,11 +105,14 @@ def test_cpu_compiled_path_is_built_beside_replies_and_ready_at_the_next_start(t
     # eager replies while the helper built, compiled ones after: the same tokens
     assert first["replies_while_building"], first
     assert all(reply == first["reply_after"] for reply in first["replies_while_building"]), first
-    assert first["hit"] >= 1, first  # the app process compiled from what the helper left in the cache
+    # the app process read the forwards the helper traced and saved, and traced none itself
+    saved = ["one-tokens_layers-none.pt", "several-tokens_layers-none.pt"]
+    assert first["saved_read"] == saved and first["saved_built"] == [], first
 
-    second = run_start(tiny_model_dir, tmp_path / "cache", "second")
+    second = run_start(row_attention_model_dir, tmp_path / "cache", "second")
     assert second["compiled_at_ready"] and not second["started"], second
-    assert second["miss"] == 0 and second["hit"] >= 1, second
+    assert second["saved_read"] == saved and second["saved_built"] == [], second
+    assert second["miss"] == 0, second  # nothing compiled again
     assert second["reply_after"] == first["reply_after"], second
 
 
@@ -116,6 +134,18 @@ def test_a_changed_forward_graph_is_built_again_not_read_from_a_stale_marker(mak
     loaded = make_tiny(seed=2)
     before = compile_build.marker_path(loaded, ())
     monkeypatch.setattr(static_forward, "GRAPH_VERSION", static_forward.GRAPH_VERSION + 1)
+    assert compile_build.marker_path(loaded, ()) != before
+
+
+def test_a_build_from_before_saved_forwards_is_built_again(make_tiny, monkeypatch):
+    """A marker left by a build that saved no forwards (or saved them in another format) would have
+    the app trace them in its own process before "Ready"; the helper builds them instead."""
+    from engine.runtime import compile_build, precompiled
+
+    loaded = make_tiny(seed=2)
+    before = compile_build.marker_path(loaded, ())
+    assert compile_build.precompiled_folder(loaded, ()).name.startswith(before.stem)
+    monkeypatch.setattr(precompiled, "SAVED_FORMAT", precompiled.SAVED_FORMAT + 1)
     assert compile_build.marker_path(loaded, ()) != before
 
 

@@ -35,7 +35,22 @@ HELPER_NICENESS = 10
 
 def marker_path(loaded, capture: tuple[int, ...]) -> Path:
     """Where the helper records that the cache holds this model's graphs on this machine."""
+    return inductor_cache_dir() / "built" / f"{_build_digest(loaded, capture)}.json"
+
+
+def precompiled_folder(loaded, capture: tuple[int, ...]) -> Path:
+    """Where this model's compiled forwards are saved on this machine (engine.runtime.precompiled):
+    per torch version too, whose saved code another version need not read."""
+    import torch
+
+    return (
+        inductor_cache_dir() / "precompiled" / f"{_build_digest(loaded, capture)}-torch-{torch.__version__}"
+    )
+
+
+def _build_digest(loaded, capture: tuple[int, ...]) -> str:
     from engine.runtime import calibration
+    from engine.runtime.precompiled import SAVED_FORMAT, saving_supported
     from engine.runtime.static_forward import GRAPH_VERSION
 
     # the model as calibration keys it (architecture, precision, kernels), less the runner's kind
@@ -46,9 +61,11 @@ def marker_path(loaded, capture: tuple[int, ...]) -> Path:
         **model,
         "capture": list(capture),
         "graph": GRAPH_VERSION,
+        # a build from before forwards were saved (or in another format) is built again in the helper,
+        # not traced in the app's own process before "Ready"
+        "saved_forwards": SAVED_FORMAT if saving_supported() else None,
     }
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return inductor_cache_dir() / "built" / f"{digest}.json"
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def is_built(loaded, capture: tuple[int, ...]) -> bool:
@@ -152,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(
         args.spec, device="cpu", dtype=args.dtype, quantization=args.quantization, kernel=args.kernel
     )
-    runner = FastRunner(loaded.model, loaded.device, compiled="auto")
+    folder = precompiled_folder(loaded, tuple(args.capture))
+    runner = FastRunner(loaded.model, loaded.device, compiled="auto", precompiled_folder=folder)
     runner.compiled_capture = tuple(args.capture)
 
     def report(stage: str, done: int, total: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,7 @@ from engine.runtime.attention import EXACT_ROWS
 from engine.runtime.compile_cache import compiler_missing, is_quantized_module
 from engine.runtime.cuda_graphs import GraphedForward, graph_size, graph_window
 from engine.runtime.eager import ModelRunner, ids_on
+from engine.runtime.precompiled import PrecompiledForward, saving_supported
 from engine.runtime.static_forward import FastLlama, causal_mask, tree_inputs
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -36,8 +38,10 @@ WARM_TREE = [-1, 0, 0]
 class FastRunner(ModelRunner):
     """ModelRunner on FastLlama: static KV buffers, free rollback, compiled forwards for a few shapes.
 
-    compiled: "auto" compiles when it can (CPU: inductor with dynamic shapes, cached on disk;
-    CUDA: CUDA graphs per size, or inductor's with compile_mode="reduce-overhead"), "off" stays eager. `notice` says why it is eager when "auto" could not compile.
+    compiled: "auto" compiles when it can (CPU: inductor with dynamic shapes, cached on disk, and its
+    forwards saved in `precompiled_folder` where one is given; CUDA: CUDA graphs per size, or inductor's
+    with compile_mode="reduce-overhead"), "off" stays eager. `notice` says why it is eager when "auto"
+    could not compile.
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class FastRunner(ModelRunner):
         prefill_chunk: int | None = None,
         compile_mode: str | None = None,
         dynamic_shapes: bool | None = None,
+        precompiled_folder: Path | None = None,
     ):
         super().__init__(model, device)
         self.max_seq_length = max_seq_length or cache_tokens_for(model.config)
@@ -66,6 +71,7 @@ class FastRunner(ModelRunner):
         # features the compiled forward returns even when no drafter reads them (a draft head's
         # layers): one graph serves rounds with and without the head, for the price of a concat
         self.compiled_capture: tuple[int, ...] = ()
+        self.precompiled_folder = precompiled_folder  # saved compiled forwards (engine.runtime.precompiled)
         # CPU: one graph for every length, weights as inputs (inductor's cache then holds it across
         # starts); CUDA: one graph per size, as CUDA graphs need
         self.dynamic_shapes = self.device.type != "cuda" if dynamic_shapes is None else dynamic_shapes
@@ -177,11 +183,8 @@ class FastRunner(ModelRunner):
     def _chunk_size(self) -> int:
         """Compiled forwards of fixed sizes take prompts in fixed chunks (one graph); eager and
         dynamic-shape forwards read them whole, several times faster than many small forwards."""
-        return (
-            self.prefill_chunk
-            if self._compiled is not None and not self.dynamic_shapes
-            else EAGER_PREFILL_CHUNK
-        )
+        fixed_sizes = self._compiled is not None and not self.dynamic_shapes
+        return self.prefill_chunk if fixed_sizes else EAGER_PREFILL_CHUNK
 
     def rollback(self, to_length: int) -> None:
         """Forget every cached position from `to_length` on: free, the slots are masked then overwritten."""
@@ -225,8 +228,8 @@ class FastRunner(ModelRunner):
 
     def compile_now(self, progress: ProgressCallback | None = None) -> bool:
         """Compiles an eager runner's forward and switches to it (on the thread that runs its
-        forwards). Seconds when inductor's cache holds the graphs (engine.runtime.compile_build
-        puts them there), a minute or more when not. True when compiled."""
+        forwards). Seconds when saved forwards or inductor's cache hold the graphs
+        (engine.runtime.compile_build puts them there), a minute or more when not. True when compiled."""
         if self._compiled is None:
             self._compiled, self.tree_graph = self._make_compiled(), False
             self.warm_up(progress=progress)
@@ -296,13 +299,15 @@ class FastRunner(ModelRunner):
         mode = None if mode == "default" else mode
         try:
             # The forward's modules never change once built (weights, caches and buffers are updated in
-            # place), so dynamo's per-call check of every parameter's guards is only overhead: about
-            # 0.7 ms a step on a 30-layer model.
-            # (torch.compile takes a mode or options, not both: CUDA's reduce-overhead keeps its guards.)
+            # place), so dynamo's per-call check of every parameter's guards is only overhead: about 0.7 ms
+            # a step on 30 layers. (torch.compile takes a mode or options, not both: CUDA keeps its guards.)
             if mode is not None:
                 return torch.compile(self.fast, mode=mode, dynamic=self.dynamic_shapes, fullgraph=True)
             options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-            return torch.compile(self.fast, dynamic=self.dynamic_shapes, fullgraph=True, options=options)
+            compiled = torch.compile(self.fast, dynamic=self.dynamic_shapes, fullgraph=True, options=options)
+            if not (self.dynamic_shapes and saving_supported()):
+                return compiled
+            return PrecompiledForward(compiled, self.fast, lambda: self.precompiled_folder)
         except Exception as error:  # noqa: BLE001 - any failure means: run eagerly, and say so
             self.notice = f"Running without compilation: {type(error).__name__}: {error}"
             return None
@@ -402,9 +407,7 @@ class FastRunner(ModelRunner):
 
         Dynamic shapes: every n. CUDA graphs: n up to GRAPHED_TOKENS, longer runs padded to one
         prefill chunk. Other fixed sizes: sizes in `compiled_sizes` run as they are; longer runs than
-        any verify size are padded to one prefill chunk; anything else (a K nobody warmed up) runs
-        eagerly.
-        """
+        any verify size are padded to one prefill chunk; any other (a K nobody warmed up) runs eagerly."""
         if self._compiled is None:
             return None
         if self.dynamic_shapes:

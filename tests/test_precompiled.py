@@ -6,10 +6,8 @@ import pytest
 import torch
 
 from engine.runtime.fastpath import FastRunner
-from engine.runtime.precompiled import saving_supported
+from engine.runtime.precompiled import PrecompiledForward
 from tests.test_fastpath import PROMPT, greedy, greedy_verify, replay
-
-pytestmark = pytest.mark.skipif(not saving_supported(), reason="this torch cannot save compiled forwards")
 
 
 @pytest.fixture(autouse=True)
@@ -56,3 +54,16 @@ def test_a_saved_forward_that_cannot_be_read_is_compiled_as_before(make_tiny, tm
     assert runner.is_compiled and runner._compiled.failure  # said why, and served by torch.compile
     assert "one-tokens_layers-none.pt" not in runner._compiled.loaded
     assert "several-tokens_layers-none.pt" in runner._compiled.loaded
+
+
+def test_a_torch_that_cannot_save_compiled_forwards_compiles_as_before(make_tiny, tmp_path, monkeypatch):
+    """torch before 2.10 has no aot_compile: the runner keeps its torch.compile forward and saves nothing."""
+    from engine.runtime import fastpath
+
+    monkeypatch.setattr(fastpath, "saving_supported", lambda: False)
+    loaded = make_tiny(seed=5, hidden=128)
+    folder = tmp_path / "precompiled"
+    runner = FastRunner(loaded.model, compiled="auto", precompiled_folder=folder)
+    assert runner.is_compiled and not isinstance(runner._compiled, PrecompiledForward)
+    assert greedy(runner, PROMPT) == greedy(FastRunner(loaded.model, compiled="off"), PROMPT)
+    assert not folder.exists()

@@ -119,6 +119,26 @@ def test_k_sweep_names_one_tandem_method_per_k():
     assert bench_methods.parse_k_values(None) == [None]
 
 
+def test_the_default_methods_hold_every_drafter_once(make_tiny):
+    from types import SimpleNamespace
+
+    from engine.cli.bench import chosen_method_kinds, without_missing_head
+
+    def kinds(draft):
+        return chosen_method_kinds(SimpleNamespace(methods=None, draft=draft))
+
+    assert {"tandem", "tandem-ngram", "tandem-head", "tandem-auto", "hf-assisted"} <= set(kinds(None))
+    assert "tandem-head" not in kinds("head") and "hf-assisted" not in kinds("head")  # `tandem` is the head
+    defaults = bench_methods.expand_methods(kinds(None), [None])
+    args = SimpleNamespace(methods=None)
+    shipped = SimpleNamespace(name="smollm2-135m-instruct")  # the built-in target: its head ships
+    assert without_missing_head(args, defaults, shipped) == defaults
+    headless = [m.kind for m in without_missing_head(args, defaults, make_tiny(seed=3))]
+    assert "tandem-head" not in headless and "tandem-auto" in headless
+    asked = SimpleNamespace(methods="baseline,tandem-head")  # asked for by name: kept, refused later
+    assert without_missing_head(asked, defaults, make_tiny(seed=3)) == defaults
+
+
 @pytest.mark.parametrize("bad", [["0"], ["17"], ["fast"]])
 def test_bad_k_is_refused(bad):
     with pytest.raises(SettingsError, match="--k"):
@@ -379,7 +399,7 @@ def test_bench_command_on_builtin_pair(tmp_path, capsys):
         [
             "bench",
             "--draft", "ngram",
-            "--methods", "baseline,tandem",
+            "--methods", "baseline,tandem,tandem-head",
             "--limit", "2",
             "--max-new-tokens", "16",
             "--warmup", "0",
@@ -398,6 +418,8 @@ def test_bench_command_on_builtin_pair(tmp_path, capsys):
     assert tandem["speedup_vs_baseline"] == pytest.approx(tandem["tokens_per_s"] / baseline["tokens_per_s"])
     assert tandem["generated_tokens"] > 0 and tandem["k_distribution"]
     assert len(report["prompts"]) == 2
+    head = report["methods"]["tandem-head"]  # the shipped draft head, whatever --draft names
+    assert head["greedy_identical"] == 1.0 and head["k_distribution"], head
     table = capsys.readouterr().out
     assert "tandem" in table and f"{tandem['tokens_per_s']:.2f}" in table
     assert sorted(p.name for p in plots.iterdir()) == [

@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# argv: model folder, "first" or "second"; prints one JSON line
+# argv: model folder, "first", "second" or "bench" (prepare builds first); prints one JSON line
 START_SCRIPT = textwrap.dedent(
     """
     import json, sys, threading, time
@@ -29,7 +29,7 @@ START_SCRIPT = textwrap.dedent(
     sampling = SamplingSettings(temperature=0.0, max_new_tokens=24)
     engine = ChatEngine(loaded, None, speculation=SpeculationSettings(drafter="ngram"), sampling=sampling)
     begun = time.perf_counter()
-    engine.prepare()
+    engine.prepare(build_first=start == "bench")
     prepare_s = time.perf_counter() - begun
     compiled_at_ready = engine.runs_compiled
     prompt = [1, 502, 33, 9001, 77, 4, 1200, 18, 65, 3000]
@@ -114,6 +114,17 @@ def test_cpu_compiled_path_is_built_beside_replies_and_ready_at_the_next_start(
     assert second["saved_read"] == saved and second["saved_built"] == [], second
     assert second["miss"] == 0, second  # nothing compiled again
     assert second["reply_after"] == first["reply_after"], second
+
+
+@pytest.mark.slow
+def test_the_bench_builds_the_compiled_path_before_it_measures(row_attention_model_dir, tmp_path):
+    """`tandem-cli bench` measures the runner the app switches to: prepare(build_first=True) waits for
+    the helper's build where no earlier start made it, then reads the saved forwards back."""
+    bench = run_start(row_attention_model_dir, tmp_path / "cache", "bench")
+    assert bench["compiled_at_ready"] and not bench["started"], bench
+    assert bench["built"] and bench["notices"] == [], bench
+    assert bench["saved_read"] == ["one-tokens_layers-none.pt", "several-tokens_layers-none.pt"], bench
+    assert bench["saved_built"] == [], bench  # traced in the helper, not in the measuring process
 
 
 def test_nothing_is_built_when_compilation_is_off(make_tiny, monkeypatch):

@@ -17,6 +17,7 @@ METHOD_KINDS = (
     "tandem",
     "tandem-ngram",
     "tandem-suffix",
+    "tandem-head",
     "tandem-auto",
     "hf-assisted",
     "hf-lookup",
@@ -27,7 +28,7 @@ METHOD_KINDS = (
 )
 
 
-K_SWEPT_KINDS = ("tandem", "tandem-ngram", "tandem-suffix", "tandem-auto")
+K_SWEPT_KINDS = ("tandem", "tandem-ngram", "tandem-suffix", "tandem-head", "tandem-auto")
 
 
 HF_KINDS = ("hf-assisted", "hf-lookup", "hf-plain")
@@ -279,15 +280,17 @@ def decode_answer(tokenizer, token_ids: list[int]) -> str:
 def build_runners(
     methods: list[Method], target, draft, draft_kind: str, sampling, hf: HFSettings, max_k: int = 8,
     compiled: str = "auto", head_source: str | None = None, trees: bool = True,
-    head_vocab: int | None = None,
+    head_vocab: int | None = None, progress=None,
 ):  # fmt: skip
     """draft_kind: 'model', 'ngram', 'head' or 'none', what --draft asked for; head_source: the folder
-    of `--draft head:DIR` (None: the shipped head)."""
+    of `--draft head:DIR` (None: the shipped head). With compiled "auto" a CPU target's compiled
+    forward is built first where no earlier run built it (once per machine): the bench measures the
+    runner the app switches to, not the eager one it serves with while that build runs."""
     from engine.settings import SpeculationSettings
 
     drafters = {
         "baseline": "none", "tandem": draft_kind, "tandem-ngram": "ngram", "tandem-suffix": "suffix",
-        "tandem-auto": "auto",
+        "tandem-head": "head", "tandem-auto": "auto",
     }  # fmt: skip
     engine = eager_engine = None
     runners = []
@@ -307,7 +310,7 @@ def build_runners(
                     target, draft if draft_kind == "model" else None, sampling=sampling, compiled=compiled
                 )
                 engine.head_source, engine.head_vocab = head_source, head_vocab
-                engine.prepare()
+                engine.prepare(progress, build_first=compiled == "auto")
             speculation = SpeculationSettings(
                 drafter=drafters[method.kind], k=method.k, max_k=max_k, trees=trees
             )

@@ -11,7 +11,7 @@ from pathlib import Path
 from engine.bench.methods import METHOD_KINDS, HFSettings, Method
 from engine.errors import SettingsError
 
-DEFAULT_METHODS = "baseline,tandem,tandem-ngram,hf-assisted,hf-lookup,hf-plain"
+DEFAULT_METHODS = "baseline,tandem,tandem-ngram,tandem-head,tandem-auto,hf-assisted,hf-lookup,hf-plain"
 
 
 def add_bench_parser(subparsers) -> None:
@@ -130,7 +130,18 @@ def chosen_method_kinds(args) -> list[str]:
     kinds = DEFAULT_METHODS.split(",")
     if draft_kind(args.draft) != "model":
         kinds.remove("hf-assisted")  # it needs a draft model
+    if draft_kind(args.draft) == "head":
+        kinds.remove("tandem-head")  # `tandem` drafts with it already
     return kinds
+
+
+def without_missing_head(args, methods: list[Method], target) -> list[Method]:
+    """The default methods without `tandem-head` where no draft head ships for the target."""
+    from engine.models.head import shipped_head_folder
+
+    if args.methods or shipped_head_folder(target.name) is not None:
+        return methods
+    return [method for method in methods if method.kind != "tandem-head"]
 
 
 def needs_draft_model(methods: list[Method], kind: str) -> bool:
@@ -259,7 +270,7 @@ def run_bench(args) -> int:
     from engine.bench import prompts as bench_prompts
     from engine.bench import report as bench_report
     from engine.bench import suite as bench_suite
-    from engine.cli.chat import sampling_from_args
+    from engine.cli.chat import ProgressBar, sampling_from_args
 
     if args.plots and importlib.util.find_spec("matplotlib") is None:  # say so before an hour of benchmark
         raise SettingsError("--plots needs matplotlib, which this installation lacks: pip install matplotlib")
@@ -286,6 +297,8 @@ def run_bench(args) -> int:
         raise SettingsError(f"--repeat must be 1 or more, not {args.repeat}.")
 
     target, draft = load_models(args, methods)
+    methods = without_missing_head(args, methods, target)
+    progress = ProgressBar()  # a first compiled build, the verify cost, the draft head
     runners = bench_methods.build_runners(
         methods,
         target,
@@ -298,7 +311,9 @@ def run_bench(args) -> int:
         compiled=args.compiled,
         head_source=head_source(args.draft),
         head_vocab=args.head_vocab,
+        progress=progress,
     )
+    progress.close()
     total = len(runners) * (args.warmup + args.repeat * len(prompts))
     with tqdm(total=total, file=sys.stderr, unit="run", leave=False) as bar:
 

@@ -41,7 +41,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "on", "off"],
         default="auto",
         help="compile the target's forward: auto (CUDA at load; on a CPU, built in the background during a "
-        "conversation and read back from the cache at later starts; a one-shot --message stays uncompiled), "
+        "conversation and read back from the cache at later starts; the bench builds it first, once per "
+        "machine; a one-shot --message stays uncompiled), "
         "on (at load everywhere), off",
     )
 

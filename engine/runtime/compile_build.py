@@ -115,6 +115,18 @@ def build_in_helper(
     )
 
 
+def ensure_built(
+    loaded, capture: tuple[int, ...], progress: Callable[[str, int, int], None] | None = None
+) -> str | None:
+    """Waits for the helper to build what no earlier start built (a minute or two, once per machine);
+    None when the cache holds the graphs, else why not."""
+    if is_built(loaded, capture):
+        return None
+    if not helper_fits(loaded):
+        return "Running without compilation: building it would need a second copy of the model in memory."
+    return build_in_helper(loaded, capture, progress)
+
+
 def outcome(failure: str | None, eager_step_s: float | None, compiled_step_s: float | None) -> str:
     """How a background build ended, in words for the user."""
     if failure is not None:

@@ -30,6 +30,7 @@ from engine.events import Event, Failed, Finished
 from engine.models.chat_template import chat_prompt_ids
 from engine.models.loaded import LoadedModel
 from engine.models.quantize import no_drafting_note
+from engine.runtime.cache_transfer import shares_cache_layout
 from engine.runtime.fastest_runner import make_runner
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
@@ -91,9 +92,10 @@ class ChatEngine:
             self.draft = draft
             self._model_drafter = None
             if draft is not None:
-                runner = make_runner(draft.model, draft.device, self.compiled)
+                runner, target = make_runner(draft.model, draft.device, self.compiled), self._runner
+                donor = target if shares_cache_layout(target, runner) else None  # it reads prompts from it
                 self._model_drafter = ModelDrafter(
-                    runner, self._runner.vocab_size, draft.name, self._runner.device
+                    runner, target.vocab_size, draft.name, target.device, donor
                 )
 
     def reset(self) -> None:
@@ -153,8 +155,7 @@ class ChatEngine:
             return finished
 
     def forget_history(self) -> None:
-        """Empties the suffix index of earlier replies (a benchmark's methods must not draft each
-        other's answers)."""
+        """Empties the suffix index of earlier replies (bench methods must not draft each other's answers)."""
         with self._lock:
             self._suffix.forget_history()
 

@@ -9,6 +9,7 @@ import torch
 
 from engine.decoding.drafters.base import Cancelled, Draft, Drafter, common_prefix_length, empty_draft
 from engine.decoding.sampling import coupled_sample, probs_from_logits, sample
+from engine.runtime.cache_transfer import copy_cache
 from engine.runtime.eager import ModelRunner
 from engine.settings import SamplingSettings
 
@@ -19,8 +20,14 @@ class ModelDrafter(Drafter):
     has_model = True
     reads_prompt_when_drafting = True
 
-    def __init__(self, runner: ModelRunner, target_vocab_size: int, name: str = "draft", target_device=None):
+    def __init__(
+        self, runner: ModelRunner, target_vocab_size: int, name: str = "draft", target_device=None,
+        cache_donor=None,
+    ):  # fmt: skip
+        """`cache_donor`: the target's runner, where its cache layout is the draft's (a quantized copy,
+        engine.runtime.cache_transfer): the draft then reads skipped tokens, a prompt above all, from it."""
         self.runner = runner
+        self.cache_donor = cache_donor
         self.target_vocab_size = target_vocab_size
         # drafts are handed to the target on its device (the draft may run on another one)
         self.target_device = torch.device(target_device) if target_device is not None else runner.device
@@ -98,6 +105,9 @@ class ModelDrafter(Drafter):
         self.runner.rollback(keep)
         self._check_cancel()
         started = time.perf_counter()
+        if self.cache_donor is not None and len(context) - keep > 2:
+            # the target's cache holds context[: donor.cache_length] whenever a drafter is asked
+            keep = copy_cache(self.cache_donor, self.runner, keep, len(context) - 1)
         logits = self.runner.prefill(context[keep:])
         # A round's catch-up reads at most the last accepted token and the target's own token; more
         # means the drafter sat out plain rounds (or is reading a new prompt).

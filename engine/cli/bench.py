@@ -314,6 +314,10 @@ def run_bench(args) -> int:
         progress=progress,
     )
     progress.close()
+    engines = {id(r.engine): r.engine for r in runners if hasattr(r, "engine")}
+    notices = list(dict.fromkeys(notice for engine in engines.values() for notice in engine.notices))
+    for notice in notices:  # before the run: an eager target (a failed build) is worth knowing now
+        print(f"note: {notice}", file=sys.stderr)
     total = len(runners) * (args.warmup + args.repeat * len(prompts))
     with tqdm(total=total, file=sys.stderr, unit="run", leave=False) as bar:
 
@@ -328,10 +332,10 @@ def run_bench(args) -> int:
 
     config = bench_config(args, prompts_path, prompts, methods, k_values, hf)
     # what "compiled" became on this machine: the Tandem methods' target compiled or eager
-    engines = {id(r.engine): r.engine for r in runners if hasattr(r, "engine")}
     config["target_runs"] = sorted(
         {"compiled" if getattr(e, "runs_compiled", False) else "eager" for e in engines.values()}
     )
+    config["notices"] = notices
     report = bench_report.build_report(config, records, methods, sampling.greedy, runner_extras(runners))
     print(bench_report.format_table(report))
     if args.json_path:

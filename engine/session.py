@@ -7,13 +7,12 @@ replace `engine.speculation` / `engine.decoding.sampling` between replies.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import traceback
 from collections.abc import Callable
 
-from engine.decoding.adaptive import MAX_TREE_SIZE, DraftPlanner
+from engine.compiled_paths import CompiledPaths
+from engine.decoding.adaptive import DraftPlanner
 from engine.decoding.drafters import (
     AutoDrafter,
     Drafter,
@@ -45,7 +44,7 @@ SUFFIX_HISTORY_LEAD = 8  # tokens of the prompt before a reply that go into the 
 COMPILED_VERIFY_SIZES = (2, 3, 5)
 
 
-class ChatEngine:
+class ChatEngine(CompiledPaths):
     def __init__(
         self,
         target: LoadedModel,
@@ -247,97 +246,6 @@ class ChatEngine:
             if self._may_compile_later() and compile_build.is_built(self.target, self._compiled_capture()):
                 self._compile_notice = self._compile_from_cache(progress, not self.tree_graph_later) or ""
 
-    def optimize_in_background(
-        self,
-        progress: Callable[[str, int, int], None] | None = None,
-        on_done: Callable[[str], None] | None = None,
-    ) -> bool:
-        """With compiled="auto" on CPU, when the compiled forward is not built yet: builds it in a
-        helper process (engine.runtime.compile_build) while replies run eagerly, then compiles it
-        from inductor's cache between replies (seconds), switches to it and measures its verify cost.
-
-        progress(stage, done, total) reports each step; on_done(message) says how it ended, in words
-        for the user. False when there is nothing to build: compiled is not "auto", the runner is
-        compiled already or cannot be, TANDEM_COMPILE=off, or a second copy would not fit in memory
-        (`notices` then says so).
-        """
-        from engine.runtime import compile_build
-
-        if not self._may_compile_later() or self._optimizer is not None:
-            return False
-        if not compile_build.helper_fits(self.target):
-            self._compile_notice = (
-                "Running without compilation: building it beside the app would need a second copy of the "
-                "model in memory. Set 'compiled' to 'on' to build it at load time instead."
-            )
-            return False
-        capture = self._compiled_capture()
-
-        def build() -> None:
-            self._optimizing = True
-            failure = compile_build.build_in_helper(self.target, capture, progress)
-            eager_step_s = self._step_time_s
-            if failure is None:
-                with self._lock:  # between replies
-                    failure = self._compile_from_cache(progress)
-            self._optimizing, self._compile_notice = False, failure or ""
-            if on_done is not None:
-                on_done(compile_build.outcome(failure, eager_step_s, self._step_time_s))
-
-        self._optimizer = threading.Thread(target=build, name="tandem-optimize", daemon=True)
-        self._optimizer.start()
-        return True
-
-    def _may_compile_later(self) -> bool:
-        runner = self._runner
-        return (
-            self.compiled == "auto"
-            and hasattr(runner, "compile_now")
-            and not runner.is_compiled
-            and runner.compile_refusal() is None
-            and os.environ.get("TANDEM_COMPILE", "").lower() != "off"
-            and not getattr(sys, "frozen", False)  # a bundled app has no interpreter to run the helper with
-        )
-
-    def _compiled_capture(self) -> tuple[int, ...]:
-        """The features the compiled forward always returns: the layers a fitting draft head reads."""
-        if no_drafting_note(self.target, self._runner):  # nothing drafts for it, the head included
-            return ()
-        head = self._fitting_head()
-        return tuple(head.wants_hidden) if head is not None else ()
-
-    def _compile_from_cache(self, progress=None, trees: bool = True) -> str | None:
-        """Compiles the target's forward (seconds from inductor's cache), switches to it and measures
-        it; None when done, else why not (the runner stays eager). Holds no lock itself."""
-        self._runner.compiled_capture = self._compiled_capture()
-        if not self._runner.compile_now(progress):
-            return self._runner.notice or "Running without compilation."
-        self._recalibrate(progress)
-        if trees:
-            self._build_tree_graph(progress)
-        return None
-
-    def build_tree_graph(self, progress=None) -> bool:
-        """The token-tree graph that prepare left out (tree_graph_later), where it is due; True once built."""
-        with self._lock:
-            return self._build_tree_graph(progress)
-
-    def _build_tree_graph(self, progress=None) -> bool:
-        """A compiled CPU runner verifies token trees on a graph of its own, and none without it (the
-        uncompiled forward rounds apart from the compiled steps). That graph is one more to read back
-        at every start (seconds), so it is built only where the measured cost gives a tree room: a
-        verify forward one token wider than a one-token draft's costing at most what that draft's does."""
-        if self._tree_graph_due():
-            self._runner.warm_up(progress=progress, trees=True)
-        return getattr(self._runner, "tree_graph", False)
-
-    def _tree_graph_due(self) -> bool:
-        runner = self._runner
-        compiled_cpu = getattr(runner, "is_compiled", False) and getattr(runner, "dynamic_shapes", False)
-        if not compiled_cpu or runner.tree_graph or not self.speculation.trees or self._verify_curve is None:
-            return False
-        return self._verify_curve.widest_at_cost(2, limit=MAX_TREE_SIZE) > 2
-
     def _recalibrate(self, progress=None) -> None:
         """Measures the runner's verify cost again (it changed), keeping the curve object the planners hold."""
         kept = self._verify_curve
@@ -346,11 +254,6 @@ class ChatEngine:
         if kept is not None:
             kept.replace(self._verify_curve.seconds)
             self._verify_curve = kept
-
-    @property
-    def runs_compiled(self) -> bool:
-        """Whether the target's forward runs compiled now."""
-        return bool(getattr(self._runner, "is_compiled", False))
 
     @property
     def notices(self) -> list[str]:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from engine.decoding.adaptive import MAX_TREE_SIZE
 from engine.models.quantize import no_drafting_note
 
+UNCOMPILED = "Running without compilation: "  # how compile_build's failures begin
+
 
 class CompiledPaths:
     @property
@@ -55,10 +57,10 @@ class CompiledPaths:
                 if failure is None:
                     with self._lock:  # between replies
                         failure = self._compile_from_cache(progress)
-            draft_due = failure is None and self._draft_to_compile() is not None
-            if draft_due and compile_build.build_in_helper(self.draft, (), progress) is None:
-                with self._lock:  # where its build failed, the draft stays eager
-                    self._compile_draft(progress)
+            if failure is None and self._draft_to_compile() is not None:
+                draft_failure = compile_build.build_in_helper(self.draft, (), progress)
+                with self._lock:
+                    self._compile_draft(progress, draft_failure)
             self._optimizing, self._compile_notice = False, failure or ""
             if on_done is not None:
                 on_done(compile_build.outcome(failure, eager_step_s, self._step_time_s))
@@ -124,9 +126,12 @@ class CompiledPaths:
         runner = getattr(self._model_drafter, "runner", None)
         return runner if runner is not None and self._may_compile_later(runner) else None
 
-    def _compile_draft(self, progress=None, build_first: bool = False) -> None:
+    def _compile_draft(
+        self, progress=None, build_failure: str | None = None, build_first: bool = False
+    ) -> None:
         """Compiles the draft model's forward where a build holds it (seconds), built first in the
-        helper with `build_first`; it stays eager, its notice saying why, where that fails."""
+        helper with `build_first`; where its build failed (`build_failure`) it stays eager, and its
+        runner's notice says why."""
         from engine.runtime import compile_build
 
         runner = self._draft_to_compile()
@@ -134,6 +139,8 @@ class CompiledPaths:
             return
         runner.precompiled_folder = compile_build.precompiled_folder(self.draft, ())
         if build_first:
-            compile_build.ensure_built(self.draft, (), progress)
-        if compile_build.is_built(self.draft, ()):
+            build_failure = compile_build.ensure_built(self.draft, (), progress)
+        if build_failure:
+            runner.notice = f"The draft model drafts uncompiled: {build_failure.removeprefix(UNCOMPILED)}"
+        elif compile_build.is_built(self.draft, ()):
             runner.compile_now(progress)

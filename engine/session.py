@@ -245,7 +245,7 @@ class ChatEngine(CompiledPaths):
             # a CPU build that an earlier start (or build_first) finished: seconds from inductor's cache, before "Ready"
             if self._may_compile_later() and compile_build.is_built(self.target, self._compiled_capture()):
                 self._compile_notice = self._compile_from_cache(progress, not self.tree_graph_later) or ""
-            self._compile_draft(progress, build_first)
+            self._compile_draft(progress, build_first=build_first)
 
     def _recalibrate(self, progress=None) -> None:
         """Measures the runner's verify cost again (it changed), keeping the curve object the planners hold."""

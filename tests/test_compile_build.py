@@ -179,6 +179,24 @@ def test_a_quantized_copy_drafts_on_its_own_compiled_forward(row_attention_model
     assert result["at_ready"]["reply"] == result["alone"], result
 
 
+def test_a_draft_whose_build_failed_drafts_uncompiled_and_says_so(make_tiny, monkeypatch):
+    from engine.models.quantize import quantize_model
+    from engine.runtime import compile_build
+    from engine.session import ChatEngine
+
+    monkeypatch.delenv("TANDEM_COMPILE")
+    loaded = make_tiny(seed=2)
+    engine = ChatEngine(loaded, quantize_model(loaded, "int8"))
+    failure = "Running without compilation: building the compiled path failed (MemoryError)."
+    monkeypatch.setattr(compile_build, "ensure_built", lambda loaded, capture, progress: failure)
+    engine._compile_draft(None, build_first=True)
+    assert not engine._model_drafter.runner.is_compiled
+    assert (
+        "The draft model drafts uncompiled: building the compiled path failed (MemoryError)."
+        in engine.notices
+    )
+
+
 def test_nothing_is_built_when_compilation_is_off(make_tiny, monkeypatch):
     from engine.session import ChatEngine
 

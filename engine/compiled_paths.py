@@ -126,20 +126,29 @@ class CompiledPaths:
         runner = getattr(self._model_drafter, "runner", None)
         return runner if runner is not None and self._may_compile_later(runner) else None
 
-    def _compile_draft(
-        self, progress=None, build_failure: str | None = None, build_first: bool = False
-    ) -> None:
-        """Compiles the draft model's forward where a build holds it (seconds), built first in the
-        helper with `build_first`; where its build failed (`build_failure`) it stays eager, and its
-        runner's notice says why."""
+    def build_compiled(self, progress=None) -> None:
+        """What a CPU start builds in the background (the target's compiled forward, then a draft
+        model's), built now in the helper where no earlier start built it: a minute or two, once per
+        machine. The bench calls it before prepare, which then reads them back, so that it measures
+        the runners the app switches to; a build that fails leaves a notice."""
+        from engine.runtime import compile_build
+
+        with self._lock:
+            if self._may_compile_later():
+                capture = self._compiled_capture()
+                self._compile_notice = compile_build.ensure_built(self.target, capture, progress) or ""
+            if self._draft_to_compile() is not None:
+                self._compile_draft(progress, compile_build.ensure_built(self.draft, (), progress))
+
+    def _compile_draft(self, progress=None, build_failure: str | None = None) -> None:
+        """Compiles the draft model's forward where a build holds it (seconds); where its build failed
+        (`build_failure`) it stays eager, and its runner's notice says why."""
         from engine.runtime import compile_build
 
         runner = self._draft_to_compile()
         if runner is None:
             return
         runner.precompiled_folder = compile_build.precompiled_folder(self.draft, ())
-        if build_first:
-            build_failure = compile_build.ensure_built(self.draft, (), progress)
         if build_failure:
             runner.notice = f"The draft model drafts uncompiled: {build_failure.removeprefix(UNCOMPILED)}"
         elif compile_build.is_built(self.draft, ()):

@@ -217,11 +217,10 @@ class ChatEngine(CompiledPaths):
         runner.reset()
         return seconds
 
-    def prepare(self, progress=None, build_first: bool = False) -> None:
+    def prepare(self, progress=None) -> None:
         """Work before the first reply, so that it does not wait: compiles the forwards (when compilation
         is on, or on CPU with "auto" when an earlier start built them: seconds), measures the verify
         cost (or reads it back from an earlier start), loads the draft head the drafter may use.
-        With `build_first` (the bench) a CPU build no earlier start made is made first in the helper.
         With `tree_graph_later` the token-tree graph is left for build_tree_graph, after "Ready"
         (reading it back made a 10 s start 13 s; until then rounds verify one chain). Call that on
         this same thread: from another one, dynamo traced the graph five times slower."""
@@ -232,8 +231,6 @@ class ChatEngine(CompiledPaths):
                 capture = self._runner.compiled_capture = self._compiled_capture()
                 # its compiled forwards are saved there, and read back at the next start in seconds
                 self._runner.precompiled_folder = compile_build.precompiled_folder(self.target, capture)
-                if build_first and self._may_compile_later():
-                    self._compile_notice = compile_build.ensure_built(self.target, capture, progress) or ""
             for runner in (self._runner, getattr(self._model_drafter, "runner", None)):
                 if runner is not None and getattr(runner, "is_compiled", False):
                     runner.warm_up(progress=progress)
@@ -242,10 +239,10 @@ class ChatEngine(CompiledPaths):
                 self._build_tree_graph(progress)
             if self.speculation.drafter in ("head", "auto"):  # loaded and checked now, not in a reply
                 self._fitting_head()
-            # a CPU build that an earlier start (or build_first) finished: seconds from inductor's cache, before "Ready"
+            # a CPU build that an earlier start (or build_compiled) finished: seconds from inductor's cache, before "Ready"
             if self._may_compile_later() and compile_build.is_built(self.target, self._compiled_capture()):
                 self._compile_notice = self._compile_from_cache(progress, not self.tree_graph_later) or ""
-            self._compile_draft(progress, build_first=build_first)
+            self._compile_draft(progress)
 
     def _recalibrate(self, progress=None) -> None:
         """Measures the runner's verify cost again (it changed), keeping the curve object the planners hold."""

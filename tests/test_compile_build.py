@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# argv: model folder, "first", "second" or "bench" (prepare builds first); prints one JSON line
+# argv: model folder, "first", "second" or "bench" (built first, as the bench does); prints one JSON line
 START_SCRIPT = textwrap.dedent(
     """
     import json, sys, threading, time
@@ -29,7 +29,9 @@ START_SCRIPT = textwrap.dedent(
     sampling = SamplingSettings(temperature=0.0, max_new_tokens=24)
     engine = ChatEngine(loaded, None, speculation=SpeculationSettings(drafter="ngram"), sampling=sampling)
     begun = time.perf_counter()
-    engine.prepare(build_first=start == "bench")
+    if start == "bench":
+        engine.build_compiled()
+    engine.prepare()
     prepare_s = time.perf_counter() - begun
     compiled_at_ready = engine.runs_compiled
     prompt = [1, 502, 33, 9001, 77, 4, 1200, 18, 65, 3000]
@@ -118,8 +120,8 @@ def test_cpu_compiled_path_is_built_beside_replies_and_ready_at_the_next_start(
 
 @pytest.mark.slow
 def test_the_bench_builds_the_compiled_path_before_it_measures(row_attention_model_dir, tmp_path):
-    """`tandem-cli bench` measures the runner the app switches to: prepare(build_first=True) waits for
-    the helper's build where no earlier start made it, then reads the saved forwards back."""
+    """`tandem-cli bench` measures the runner the app switches to: build_compiled waits for the
+    helper's build where no earlier start made it, then prepare reads the saved forwards back."""
     bench = run_start(row_attention_model_dir, tmp_path / "cache", "bench")
     assert bench["compiled_at_ready"] and not bench["started"], bench
     assert bench["built"] and bench["notices"] == [], bench
@@ -141,7 +143,7 @@ DRAFT_SCRIPT = textwrap.dedent(
     sampling = SamplingSettings(temperature=0.0, max_new_tokens=24)
     prompt = [1, 502, 33, 9001, 77, 4, 1200, 18, 65, 3000]
     alone = ChatEngine(loaded, None, SpeculationSettings(drafter="none"), sampling)
-    alone.prepare(build_first=True)  # the target's build, as an earlier start would leave it
+    alone.build_compiled()  # the target's build, as an earlier start would leave it
 
     def state(engine):
         drafted = engine.generate_ids(prompt)
@@ -156,7 +158,8 @@ DRAFT_SCRIPT = textwrap.dedent(
     started = app.optimize_in_background(None, lambda message: (messages.append(message), done.set()))
     done.wait(600)
     bench = ChatEngine(loaded, quantize_model(loaded, "int4"), SpeculationSettings(drafter="model", k=3), sampling)
-    bench.prepare(build_first=True)
+    bench.build_compiled()
+    bench.prepare()
     print(json.dumps({
         "alone": list(alone.generate_ids(prompt).token_ids), "at_ready": at_ready, "started": started,
         "messages": messages, "app": state(app), "bench": state(bench),
@@ -189,7 +192,8 @@ def test_a_draft_whose_build_failed_drafts_uncompiled_and_says_so(make_tiny, mon
     engine = ChatEngine(loaded, quantize_model(loaded, "int8"))
     failure = "Running without compilation: building the compiled path failed (MemoryError)."
     monkeypatch.setattr(compile_build, "ensure_built", lambda loaded, capture, progress: failure)
-    engine._compile_draft(None, build_first=True)
+    engine.build_compiled()
+    engine.prepare()
     assert not engine._model_drafter.runner.is_compiled
     assert (
         "The draft model drafts uncompiled: building the compiled path failed (MemoryError)."

@@ -310,7 +310,9 @@ def build_runners(
                     target, draft if draft_kind == "model" else None, sampling=sampling, compiled=compiled
                 )
                 engine.head_source, engine.head_vocab = head_source, head_vocab
-                engine.prepare(progress, build_first=compiled == "auto")
+                if compiled == "auto":
+                    engine.build_compiled(progress)
+                engine.prepare(progress)
             speculation = SpeculationSettings(
                 drafter=drafters[method.kind], k=method.k, max_k=max_k, trees=trees
             )

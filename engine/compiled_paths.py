@@ -12,8 +12,6 @@ from collections.abc import Callable
 from engine.decoding.adaptive import MAX_TREE_SIZE
 from engine.models.quantize import no_drafting_note
 
-UNCOMPILED = "Running without compilation: "  # how compile_build's failures begin
-
 
 class CompiledPaths:
     @property
@@ -150,6 +148,8 @@ class CompiledPaths:
             return
         runner.precompiled_folder = compile_build.precompiled_folder(self.draft, ())
         if build_failure:
-            runner.notice = f"The draft model drafts uncompiled: {build_failure.removeprefix(UNCOMPILED)}"
+            runner.notice = (
+                f"The draft model drafts uncompiled: {build_failure.removeprefix(compile_build.UNCOMPILED)}"
+            )
         elif compile_build.is_built(self.draft, ()):
             runner.compile_now(progress)

@@ -31,6 +31,7 @@ from engine.runtime.compile_cache import inductor_cache_dir
 
 PROGRESS_PREFIX = "progress\t"
 HELPER_NICENESS = 10
+UNCOMPILED = "Running without compilation: "  # how the reasons a build failed begin
 
 
 def marker_path(loaded, capture: tuple[int, ...]) -> Path:
@@ -109,10 +110,8 @@ def build_in_helper(
         lines = [line for line in errors.read().strip().splitlines() if line.strip()]
     if returncode != 0:
         last = lines[-1:] or ["no output"]
-        return f"Running without compilation: building the compiled path failed ({last[0][:300]})."
-    return (
-        None if is_built(loaded, capture) else "Running without compilation: the compiled path was not built."
-    )
+        return f"{UNCOMPILED}building the compiled path failed ({last[0][:300]})."
+    return None if is_built(loaded, capture) else f"{UNCOMPILED}the compiled path was not built."
 
 
 def ensure_built(
@@ -123,7 +122,7 @@ def ensure_built(
     if is_built(loaded, capture):
         return None
     if not helper_fits(loaded):
-        return "Running without compilation: building it would need a second copy of the model in memory."
+        return f"{UNCOMPILED}building it would need a second copy of the model in memory."
     return build_in_helper(loaded, capture, progress)
 
 

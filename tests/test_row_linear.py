@@ -27,7 +27,8 @@ def available():
 def test_each_code_path_computes_a_linear_layer(path, k):
     torch.manual_seed(k)
     weight, bias = torch.randn(70, k), torch.randn(70)  # 70 rows: the row groups' tail runs too
-    for m in (1, 3, 4, 5, 7, 8, row_linear.ROW_EXACT_ROWS, row_linear.ROW_EXACT_ROWS + 1):
+    most = row_linear.EXACT_ROWS[path]
+    for m in sorted({1, 3, 4, 5, 7, 8, 9, 16, 17, most, most + 1}):
         x = torch.randn(m, k)
         for b in (None, bias):
             y = row_linear.linear(x, weight, b, path)
@@ -38,9 +39,9 @@ def test_each_code_path_computes_a_linear_layer(path, k):
 def test_every_row_is_the_one_row_result_bit_for_bit(path):
     torch.manual_seed(0)
     weight = torch.randn(300, 1536) * 0.02
-    x = torch.randn(row_linear.ROW_EXACT_ROWS, 1536)
+    x = torch.randn(row_linear.EXACT_ROWS[path], 1536)
     alone = torch.cat([row_linear.linear(x[i : i + 1], weight, None, path) for i in range(len(x))])
-    for m in range(2, row_linear.ROW_EXACT_ROWS + 1):
+    for m in range(2, len(x) + 1):
         assert torch.equal(row_linear.linear(x[:m], weight, None, path), alone[:m]), m
     # the BLAS GEMM gives no such promise (it differs here at several rows on most CPUs); the kernel's
     # rows must still agree with it as numbers

@@ -1,13 +1,15 @@
 """The fast path's float32 linear layer on a CPU: one pass over the weights for every token of a call.
 
-Decoding and verification multiply a few activation rows (1 to ROW_EXACT_ROWS) by every weight
-matrix, so a step only streams the weights. The BLAS GEMM reads them less well at 2 to 8 rows than at
-one (a 5-token verify forward cost 1.74 single steps), which is what speculative decoding pays per
-round. engine/models/native/row_linear.cpp reads each weight row once per call, for all the rows.
+Decoding and verification multiply a few activation rows by every weight matrix, so a step only
+streams the weights. The BLAS GEMM reads them less well at 2 to 8 rows than at one (a 5-token verify
+forward cost 1.74 single steps), which is what speculative decoding pays per round.
+engine/models/native/row_linear.cpp reads each weight row once per call, for all the rows.
 
 Each row's result is computed the same way whatever the number of rows, so a verify forward's rows
-are bit for bit what one-token steps give from the same inputs. More rows (a prompt) take the BLAS
-GEMM. Elsewhere (no AVX2, a GPU, bf16, no compiler, TANDEM_ROW_LINEAR=off) layers use F.linear.
+are bit for bit what one-token steps give from the same inputs. Calls of up to EXACT_ROWS[path] rows
+take the kernel (with AVX-512 that includes short prompts, wide token trees and long verify forwards,
+where it also beat the GEMM); more rows (a long prompt) take the BLAS GEMM. Elsewhere (no AVX2, a GPU,
+bf16, no compiler, TANDEM_ROW_LINEAR=off) layers use F.linear.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from torch import Tensor, nn
 from engine.models import native_ops
 from engine.models.cpu_features import cpu_flags, has_avx2
 
-ROW_EXACT_ROWS = 16  # kRows in row_linear.cpp
+EXACT_ROWS = {"avx512": 128, "avx2": 16}  # kMaxRows512, kMaxRows256 in row_linear.cpp
 # Bumped when row_linear.cpp's speed changes, so that stored verify-cost curves are measured again.
-KERNEL_VERSION = 5
+KERNEL_VERSION = 6
 
 
 def best_path() -> str | None:

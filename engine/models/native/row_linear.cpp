@@ -10,8 +10,8 @@
 // are then bit for bit the one-token step's, which keeps speculative decoding's greedy output the
 // target's own.
 //
-// Code paths: AVX-512 and AVX2 (chosen by the caller from the CPU's features). More than kRows rows
-// (a prompt) go to the BLAS GEMM, where it is the faster one.
+// Code paths: AVX-512 and AVX2 (chosen by the caller from the CPU's features). More rows than a path's
+// max_rows (a long prompt) go to the BLAS GEMM, where it is the faster one.
 //
 // AVX2 prefetches: with two or more rows, the FMAs of one group of weight rows took as long as
 // streaming it, and the two did not overlap (an AMD Zen 1 core issues one 256-bit FMA a cycle), so a
@@ -47,7 +47,13 @@
 
 namespace {
 
-constexpr int64_t kRows = 16;      // at most this many activation rows take the kernel (ROW_EXACT_ROWS)
+// At most this many activation rows take the kernel (row_linear.EXACT_ROWS); more go to the BLAS GEMM.
+// AVX-512 (a 2-core Zen 4, the built-in model's 120 layer matrices against MKL's GEMM, same run): the
+// kernel took 0.43 / 0.56 / 0.68 / 0.84 / 0.80-0.97 / 0.93-1.18 of the GEMM's time at 8 / 16 / 32 / 64 /
+// 128 / 256 rows, so a short prompt, a wide token tree or a long verify forward runs on it too. The AVX2
+// path, run on the same CPU, was at par with the GEMM at about 20 rows, and it keeps 16.
+constexpr int64_t kMaxRows512 = 128;
+constexpr int64_t kMaxRows256 = 16;
 constexpr int64_t kChunk = 8;      // activation rows per pass over a group of weight rows, at most
 constexpr int64_t kGroup = 12;     // weight rows per group (a multiple of every R below)
 constexpr int64_t kAheadRows = kGroup;  // AVX2: how far ahead of the weight rows in use a pass prefetches
@@ -151,6 +157,7 @@ using Block = void (*)(const float*, const float*, const float*, int64_t, int64_
 // are chosen so that the R * c accumulators stay in registers: with AVX-512 (32 registers) the c
 // activation vectors and a weight vector as well; with AVX2 (16) the activations are FMA operands.
 struct Kernels {
+  int64_t max_rows;                // at most this many activation rows take the kernel (row_linear.EXACT_ROWS)
   int64_t pass[kChunk + 1];        // activation rows of the next pass when this many (up to kChunk) remain
   int64_t rows[kChunk + 1];        // R for a pass of c activation rows
   Block block[kChunk + 1];         // the kernel for R rows and c activation rows
@@ -164,7 +171,8 @@ struct Kernels {
 
 #ifdef ROWLIN_X86
 Kernels avx512_kernels() {
-  return Kernels{{0, 1, 2, 3, 4, 5, 6, 7, 8},
+  return Kernels{kMaxRows512,
+                 {0, 1, 2, 3, 4, 5, 6, 7, 8},
                  {0, 4, 4, 4, 4, 4, 4, 2, 2},
                  {nullptr, block512<4, 1>, block512<4, 2>, block512<4, 3>, block512<4, 4>, block512<4, 5>,
                   block512<4, 6>, block512<2, 7>, block512<2, 8>},
@@ -178,7 +186,8 @@ Kernels avx512_kernels() {
 
 // Five rows in one pass (2 x 5 accumulators); six to eight in two passes of three or four.
 Kernels avx2_kernels() {
-  return Kernels{{0, 1, 2, 3, 4, 5, 3, 4, 4},
+  return Kernels{kMaxRows256,
+                 {0, 1, 2, 3, 4, 5, 3, 4, 4},
                  {0, 4, 4, 4, 3, 2, 0, 0, 0},
                  {nullptr, block256<4, 1>, block256<4, 2>, block256<4, 3>, block256<3, 4>, block256<2, 5>, nullptr,
                   nullptr, nullptr},
@@ -200,7 +209,6 @@ torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, co
               "row_linear: weight must be [N, K] float32");
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   const bool has_bias = bias.has_value() && bias->defined();
-  if (m > kRows) return has_bias ? at::addmm(*bias, x, weight.t()) : at::mm(x, weight.t());
   Kernels kernels{};
 #ifdef ROWLIN_X86
   if (path == "avx512")
@@ -210,6 +218,7 @@ torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   else
 #endif
     TORCH_CHECK(false, "row_linear: no code path '", path, "' in this build");
+  if (m > kernels.max_rows) return has_bias ? at::addmm(*bias, x, weight.t()) : at::mm(x, weight.t());
   const torch::Tensor xc = x.contiguous(), wc = weight.contiguous();
   const torch::Tensor bc = has_bias ? bias->contiguous() : torch::Tensor();
   const float* xp = xc.data_ptr<float>();

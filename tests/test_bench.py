@@ -427,3 +427,20 @@ def test_bench_command_on_builtin_pair(tmp_path, capsys):
         "speedup_theory.png",
         "speedup_vs_k.png",
     ]
+
+
+def test_the_cli_chat_drafts_as_the_app_does_and_the_bench_tandem_method_keeps_the_copy():
+    from app.config import DEFAULT_DRAFTER
+    from engine.cli.bench import draft_kind
+    from engine.cli.chat import draft_spec_for, speculation_from_args
+    from engine.cli.main import build_parser
+
+    parser = build_parser()
+    for command in (["chat"], ["serve"]):
+        args = parser.parse_args(command)
+        speculation = speculation_from_args(args)
+        assert speculation.drafter == DEFAULT_DRAFTER == "auto"
+        assert draft_spec_for(args, speculation) is None  # auto drafts with the quantized copy too
+    assert speculation_from_args(parser.parse_args(["chat", "--draft", "none"])).drafter == "none"
+    bench = parser.parse_args(["bench"])
+    assert bench.draft is None and draft_kind(bench.draft) == "model"

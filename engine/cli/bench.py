@@ -25,7 +25,9 @@ def add_bench_parser(subparsers) -> None:
         "acceptance, TTFT and greedy identity with the baseline.",
     )
     parser.add_argument("--prompts", default=None, help="JSONL prompt file (default: Tandem's built-in set)")
-    add_model_options(parser)
+    # `tandem` (and hf-assisted) draft with a quantized copy unless --draft says otherwise; `tandem-auto`
+    # is the chat's default
+    add_model_options(parser, default_draft=None)
     parser.add_argument(
         "--k",
         action="append",

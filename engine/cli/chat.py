@@ -14,16 +14,19 @@ from engine.models.builtin import DEFAULT_TARGET
 from engine.settings import SamplingSettings, SpeculationSettings
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
+def add_model_options(parser: argparse.ArgumentParser, default_draft: str | None = "auto") -> None:
+    """The model options; `default_draft`: what --draft is when not given (None: a quantized copy)."""
     parser.add_argument(
         "--target", default=DEFAULT_TARGET, help="built-in name, model folder, .gguf file or hub id"
     )
     parser.add_argument(
         "--draft",
-        default=None,
-        help="draft model spec, 'auto' (each round: lookup, suffix index, a quantized copy or none), "
-        "'ngram', 'suffix', 'head' (the draft head shipped for the target; head:DIR for another) "
-        "or 'none' (default: a quantized copy of the target)",
+        default=default_draft,
+        help="draft model spec, 'auto' (each round: lookup, suffix index, the draft head, a quantized "
+        "copy, or none), 'ngram', 'suffix', 'head' (the draft head shipped for the target; head:DIR "
+        "for another) or 'none' (default: "
+        + (default_draft if default_draft else "a quantized copy of the target")
+        + ")",
     )
     parser.add_argument(
         "--quant", choices=["none", "int8", "int4"], default="int8", help="draft quantization"

@@ -222,6 +222,30 @@ def test_a_changed_forward_graph_is_built_again_not_read_from_a_stale_marker(mak
     assert compile_build.marker_path(loaded, ()) != before
 
 
+def test_a_faster_kernel_keeps_the_build_and_measures_the_verify_cost_again(make_tiny, monkeypatch):
+    """A kernel's speed version keys the measured verify cost, not the compiled graphs that call it."""
+    from engine.runtime import attention, calibration, compile_build, row_linear
+
+    loaded = make_tiny(seed=2)
+    # a CPU without AVX2 runs F.linear and SDPA, which have no speed versions (nor another kernel to switch to)
+    on_linear_kernel = row_linear.kernel_name(loaded.model) != "F.linear"
+    on_kernel = on_linear_kernel or attention.kernel_name(loaded.model) != "sdpa"
+    built, measured = compile_build.marker_path(loaded, ()), calibration.calibration_key(loaded, None)
+    monkeypatch.setattr(row_linear, "KERNEL_VERSION", row_linear.KERNEL_VERSION + 1)
+    monkeypatch.setattr(attention, "ROWS_KERNEL_VERSION", attention.ROWS_KERNEL_VERSION + 1)
+    assert compile_build.marker_path(loaded, ()) == built
+    assert (calibration.calibration_key(loaded, None) != measured) == on_kernel
+    if not on_linear_kernel:
+        return
+    monkeypatch.setenv("TANDEM_ROW_LINEAR", "off")  # another kernel altogether: another graph
+    row_linear.unavailable_reason.cache_clear()
+    try:
+        assert compile_build.marker_path(loaded, ()) != built
+    finally:
+        monkeypatch.delenv("TANDEM_ROW_LINEAR")
+        row_linear.unavailable_reason.cache_clear()
+
+
 def test_a_build_from_before_saved_forwards_is_built_again(make_tiny, monkeypatch):
     """A marker left by a build that saved no forwards (or saved them in another format) would have
     the app trace them in its own process before "Ready"; the helper builds them instead."""

@@ -81,13 +81,15 @@ def rows_kernel_for(dtype: torch.dtype, device: torch.device, head_dim: int) -> 
 ROWS_KERNEL_VERSION = 1  # bumped when attention.cpp's speed changes: stored verify-cost curves are stale
 
 
-def kernel_name(model) -> str:
-    """Which attention the fast path runs for this model here, for the keys of cached measurements."""
+def kernel_name(model, versioned: bool = True) -> str:
+    """Which attention the fast path runs for this model here, for the keys of cached measurements;
+    unversioned for what the kernel's speed does not change (a compiled graph calls it the same way)."""
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     weight = next(model.parameters())
-    rows = rows_kernel_for(weight.dtype, weight.device, head_dim)
-    return f"rows-v{ROWS_KERNEL_VERSION}" if rows else "sdpa"
+    if not rows_kernel_for(weight.dtype, weight.device, head_dim):
+        return "sdpa"
+    return f"rows-v{ROWS_KERNEL_VERSION}" if versioned else "rows"
 
 
 def attend_rows(

@@ -50,13 +50,16 @@ def precompiled_folder(loaded, capture: tuple[int, ...]) -> Path:
 
 
 def _build_digest(loaded, capture: tuple[int, ...]) -> str:
-    from engine.runtime import calibration
+    from engine.runtime import attention, calibration, row_linear
     from engine.runtime.precompiled import SAVED_FORMAT, saving_supported
     from engine.runtime.static_forward import GRAPH_VERSION
 
-    # the model as calibration keys it (architecture, precision, kernels), less the runner's kind
+    # the model as calibration keys it (architecture, precision, kernels), less the runner's kind, and
+    # Tandem's kernels without their speed versions: a faster kernel runs in the same graph
     model = calibration.model_key(loaded, None)
     del model["runner"], model["compiled"]
+    model["row_linear"] = row_linear.kernel_name(loaded.model, versioned=False)
+    model["attention"] = attention.kernel_name(loaded.model, versioned=False)
     key = {
         "machine": calibration.machine_key(loaded.device),
         **model,

@@ -78,11 +78,14 @@ def project(module: nn.Module, x: Tensor, path: str | None) -> Tensor:
     return module(x)
 
 
-def kernel_name(model) -> str:
-    """Which linear the fast path runs for this model here, for the keys of cached measurements."""
+def kernel_name(model, versioned: bool = True) -> str:
+    """Which linear the fast path runs for this model here, for the keys of cached measurements;
+    unversioned for what the kernel's speed does not change (a compiled graph calls it the same way)."""
     weight = next((p for p in model.parameters() if p.dim() == 2), None)
     path = None if weight is None else path_for(weight)
-    return f"row-exact-{path}-v{KERNEL_VERSION}" if path else "F.linear"
+    if path is None:
+        return "F.linear"
+    return f"row-exact-{path}-v{KERNEL_VERSION}" if versioned else f"row-exact-{path}"
 
 
 class RowLinear(nn.Linear):

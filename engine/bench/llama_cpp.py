@@ -6,6 +6,7 @@ decoding on an F32 copy of the GGUF (engine/bench/f32_gguf.py), the weights Tand
 prompt token ids to `/completion` (so both engines read identical tokens) and times the call here,
 as the Tandem methods are timed around `generate_ids`. Draft counts are llama.cpp's `timings`
 (draft_n, draft_n_accepted); llama.cpp does not report rounds, so no mean accepted length is shown.
+Its time to first token is the call's time less the decoding time llama.cpp reports (predicted_ms).
 
 llama-server runs with `--poll 0`: its threads sleep instead of spinning while they wait, as torch's do,
 which keeps it from collapsing on a machine shared with other work.
@@ -168,6 +169,9 @@ class LlamaCppRunner:
         tally = Tally(calls=1, generated_tokens=len(token_ids), time_s=elapsed)
         tally.drafted = int(timings.get("draft_n", 0))
         tally.accepted = int(timings.get("draft_n_accepted", 0))
+        if "predicted_ms" in timings and token_ids:
+            # the first token comes out of the prompt's forward; what follows is llama.cpp's decoding time
+            tally.ttft_sum_s, tally.ttft_count = max(0.0, elapsed - float(timings["predicted_ms"]) / 1e3), 1
         return TurnResult(token_ids, tokenizer.decode(token_ids, skip_special_tokens=True), tally)
 
     def close(self) -> None:

@@ -4,8 +4,9 @@ One extension holds them all, so a first start compiles once (about 30 s on 2 co
 start loads the library from the cache folder (per torch version; ninja rebuilds a changed source).
 Each source registers its own torch op namespace: `tandem_block_quant` (block-quantized layers,
 engine.models.block_quant), `tandem_row_linear` (the float linear of decoding and verification,
-engine.runtime.row_linear) and `tandem_attention` (attention row by row, engine.runtime.attention). Without a C++ compiler (the installed bundle) they are unavailable, and
-each caller says why and takes its float path.
+engine.runtime.row_linear), `tandem_attention` (attention row by row, engine.runtime.attention) and
+`tandem_layer` (a whole float decoder layer in one call, engine.runtime.fused_layer). Without a C++
+compiler (the installed bundle) they are unavailable, and each caller says why and takes its float path.
 
 TANDEM_NATIVE_DIR overrides where the library is built (the test suite shares one across processes).
 """
@@ -44,6 +45,7 @@ def build_error() -> str | None:
         (ops.tandem_row_linear, "linear"),
         (ops.tandem_block_quant, "linear"),
         (ops.tandem_attention, "attend"),
+        (ops.tandem_layer, "decoder_layer"),
     )
     if all(hasattr(namespace, name) for namespace, name in loaded):
         return None

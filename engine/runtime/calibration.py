@@ -77,7 +77,7 @@ def machine_key(device) -> dict:
 
 def model_key(loaded, runner) -> dict:
     """The model as far as its speed goes: architecture, precision, quantization and runner kind."""
-    from engine.runtime import attention, row_linear
+    from engine.runtime import attention, fused_layer, row_linear
 
     config = loaded.model.config
     architecture = (
@@ -92,6 +92,7 @@ def model_key(loaded, runner) -> dict:
         "compiled": bool(getattr(runner, "is_compiled", False)),
         "row_linear": row_linear.kernel_name(loaded.model),
         "attention": attention.kernel_name(loaded.model),
+        "layer": fused_layer.kernel_name(loaded.model),
     }
 
 

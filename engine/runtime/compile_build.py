@@ -50,7 +50,7 @@ def precompiled_folder(loaded, capture: tuple[int, ...]) -> Path:
 
 
 def _build_digest(loaded, capture: tuple[int, ...]) -> str:
-    from engine.runtime import attention, calibration, row_linear
+    from engine.runtime import attention, calibration, fused_layer, row_linear
     from engine.runtime.precompiled import SAVED_FORMAT, saving_supported
     from engine.runtime.static_forward import GRAPH_VERSION
 
@@ -60,6 +60,7 @@ def _build_digest(loaded, capture: tuple[int, ...]) -> str:
     del model["runner"], model["compiled"]
     model["row_linear"] = row_linear.kernel_name(loaded.model, versioned=False)
     model["attention"] = attention.kernel_name(loaded.model, versioned=False)
+    model["layer"] = fused_layer.kernel_name(loaded.model, versioned=False)
     key = {
         "machine": calibration.machine_key(loaded.device),
         **model,

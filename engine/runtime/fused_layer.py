@@ -7,16 +7,23 @@ matmuls per layer to four, and one RoPE over the queries and keys together repla
 
 The fused weight is the only copy: the model's own q/k/v (and gate/up) Linear modules are pointed
 at row slices of it, so the model keeps working as it was and no memory is added.
+
+Where Tandem's float kernels run (row_linear and row attention), a layer is one call to
+engine/models/native/decoder_layer.cpp: norms, RoPE, the cache writes, attention, SiLU and the residual
+adds around the four matmuls, about ten calls of the compiled graph fewer per layer.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.models import native_ops
 from engine.models.block_quant import BlockQuantLinear, concatenated, shares_buffers
 from engine.runtime import row_linear
 from engine.runtime.attention import attend, attend_rows
@@ -39,6 +46,43 @@ def _plain_linear(module) -> bool:
 def _same_block_quant(modules) -> bool:
     """All of `modules` block-quantized alike (engine.models.block_quant), so they fuse as one layer."""
     return all(type(m) is BlockQuantLinear for m in modules) and len({(m.bits, m.path) for m in modules}) == 1
+
+
+@functools.cache
+def layer_kernel_unavailable_reason() -> str | None:
+    """None when a float layer runs as one call of decoder_layer.cpp, else why it runs op by op."""
+    if os.environ.get("TANDEM_LAYER_KERNEL", "").lower() == "off":
+        return "turned off by TANDEM_LAYER_KERNEL=off"
+    error = native_ops.build_error()
+    if error is not None:
+        return error
+    _register_fake()
+    return None
+
+
+@functools.cache
+def _register_fake() -> None:
+    @torch.library.register_fake("tandem_layer::decoder_layer")
+    def _(x, *args):
+        return x.new_empty(x.shape)
+
+
+LAYER_KERNEL_VERSION = 1  # bumped when decoder_layer.cpp's speed changes: stored verify-cost curves are stale
+
+
+def kernel_name(model, versioned: bool = True) -> str:
+    """Whether the fast path runs this model's float layers as one call each here, for the keys of
+    cached measurements and compiled builds (a graph of one call per layer is another graph)."""
+    from engine.runtime import attention
+
+    one_call = (
+        row_linear.kernel_name(model) != "F.linear"
+        and attention.kernel_name(model) != "sdpa"
+        and layer_kernel_unavailable_reason() is None
+    )
+    if not one_call:
+        return "op-by-op"
+    return f"one-call-v{LAYER_KERNEL_VERSION}" if versioned else "one-call"
 
 
 def fusable_reason(layer, config) -> str | None:
@@ -137,6 +181,8 @@ class FusedLayer(nn.Module):
         self.o_proj, self.down_proj = attn.o_proj, mlp.down_proj
         # the row-exact float kernel's code path (engine.runtime.row_linear), or None for F.linear
         self.linear_path = None if qkv_weight is None else row_linear.path_for(qkv_weight)
+        # the whole layer in one call (with row attention: `lengths` or `visible` given)
+        self.one_call = self.linear_path is not None and layer_kernel_unavailable_reason() is None
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.eps = float(layer.input_layernorm.variance_epsilon)
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
@@ -148,6 +194,13 @@ class FusedLayer(nn.Module):
     ) -> Tensor:  # fmt: skip
         _, T, C = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        if self.one_call and (lengths is not None or visible is not None):
+            return torch.ops.tandem_layer.decoder_layer(
+                x[0], self.input_norm.weight, self.post_norm.weight, self.eps, self.qkv_weight, self.qkv_bias,
+                self.o_proj.weight, self.o_proj.bias, self.gate_up_weight, self.down_proj.weight,
+                self.down_proj.bias, cos[:, 0], sin_signed[:, 0], kv_cache.k_cache, kv_cache.v_cache, slots,
+                lengths, visible, H, self.linear_path,
+            ).unsqueeze(0)  # fmt: skip
         G = H // KV
         h = self._norm(x, self.input_norm)
         if self.qkv_quant is not None:

@@ -23,6 +23,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define ATTN_X86 1
+#include "simd_exp.h"
 #endif
 
 namespace {
@@ -31,24 +32,6 @@ constexpr int64_t kTaskSlots = 2048;  // slots x rows per parallel task, at the 
                                       // runs on one thread, where waking the other costs more
 
 #ifdef ATTN_X86
-
-// exp on 8 lanes (the Cephes polynomial, as in avx_mathfun): each lane is computed alike, so a slot's
-// weight does not depend on where it falls in a block of 8.
-__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
 
 // The dot products of q with 8 consecutive key rows, one lane each, every lane summed the same way.
 template <int L>  // D / 8
@@ -132,7 +115,9 @@ RowFn row_fn(int64_t d) {
 
 #endif  // ATTN_X86
 
-torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+}  // namespace
+
+torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                      const c10::optional<torch::Tensor>& lengths, const c10::optional<torch::Tensor>& mask) {
 #ifndef ATTN_X86
   TORCH_CHECK(false, "attention: this build has no x86 code path");
@@ -191,10 +176,8 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k_cache, const
 #endif
 }
 
-}  // namespace
-
 TORCH_LIBRARY(tandem_attention, lib) {
   lib.def("attend(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? lengths, Tensor? mask) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(tandem_attention, CPU, lib) { lib.impl("attend", attend); }
+TORCH_LIBRARY_IMPL(tandem_attention, CPU, lib) { lib.impl("attend", row_attention); }

@@ -1,0 +1,137 @@
+"""A float decoder layer in one call (engine/models/native/decoder_layer.cpp) against the same layer op by op,
+its row exactness, and its cache writes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.cpu_features import has_avx2
+from engine.runtime.fused_layer import kernel_name, layer_kernel_unavailable_reason
+from engine.runtime.static_forward import FastLlama
+
+pytestmark = pytest.mark.skipif(
+    not has_avx2(), reason="this CPU has no AVX2, where Tandem's float kernels run"
+)
+
+SLOTS = 64
+
+
+@pytest.fixture(autouse=True)
+def kernel_built():
+    assert layer_kernel_unavailable_reason() is None, layer_kernel_unavailable_reason()
+
+
+def tiny_model(family: str, seed: int = 0):
+    """Two layers, head size 32 (one the row attention takes), an MLP width that is no multiple of 8."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    config = (LlamaConfig if family == "llama" else Qwen2Config)(
+        hidden_size=128,
+        intermediate_size=204,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+        max_position_embeddings=SLOTS,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # norms other than ones, and Qwen2's q/k/v biases not zero
+            layer.input_layernorm.weight.uniform_(0.5, 1.5)
+            layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+            if family == "qwen2":
+                layer.self_attn.q_proj.bias.normal_()
+                layer.self_attn.k_proj.bias.normal_()
+    return model
+
+
+def one_call(fast: FastLlama, on: bool) -> None:
+    for layer in fast.fused:
+        layer.one_call = on
+    for cache in fast.kv_caches:
+        cache.k_cache.zero_()
+        cache.v_cache.zero_()
+
+
+def prompt_then_steps(fast: FastLlama, ids: torch.Tensor, prompt: int) -> torch.Tensor:
+    """Logits of a prompt forward over ids[:prompt], then one-token steps over the rest."""
+    with torch.inference_mode():
+        hidden, _ = fast(ids[:, :prompt], torch.arange(prompt), None, window=prompt)
+        rows = [fast.logits(hidden)[0]]
+        for t in range(prompt, ids.shape[1]):
+            hidden, _ = fast(ids[:, t : t + 1], torch.tensor([t]), None, window=t + 1)
+            rows.append(fast.logits(hidden)[0])
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_one_call_computes_the_layer_as_its_ops_do_and_writes_the_same_cache(family):
+    model = tiny_model(family)
+    fast = FastLlama(model, SLOTS)
+    assert fast.row_attention and fast.fused is not None and all(layer.one_call for layer in fast.fused)
+    ids = torch.randint(0, 300, (1, 23), generator=torch.Generator().manual_seed(1))
+    one_call(fast, False)
+    expected = prompt_then_steps(fast, ids, 15)
+    caches = [(c.k_cache.clone(), c.v_cache.clone()) for c in fast.kv_caches]
+    one_call(fast, True)
+    actual = prompt_then_steps(fast, ids, 15)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+    for (k, v), cache in zip(caches, fast.kv_caches, strict=True):
+        torch.testing.assert_close(cache.k_cache, k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cache.v_cache, v, atol=1e-5, rtol=1e-5)
+    with torch.inference_mode():
+        reference = model(ids).logits[0]
+    torch.testing.assert_close(actual, reference, atol=1e-4, rtol=1e-4)
+
+
+def test_rows_at_once_are_the_one_token_steps_bit_for_bit():
+    fast = FastLlama(tiny_model("llama", seed=2), SLOTS)
+    ids = torch.randint(0, 300, (1, 20), generator=torch.Generator().manual_seed(3))
+    one_call(fast, True)
+    steps = prompt_then_steps(fast, ids, 1)
+    one_call(fast, True)
+    with torch.inference_mode():
+        hidden, _ = fast(ids, torch.arange(20), None, window=20)
+        together = fast.logits(hidden)[0]
+    assert torch.equal(together, steps)
+
+
+def test_a_token_tree_attends_as_its_mask_says():
+    """Two siblings at one position, in two slots: each sees the prompt and itself, not the other."""
+    model = tiny_model("qwen2", seed=4)
+    fast = FastLlama(model, SLOTS)
+    prompt = torch.randint(0, 300, (1, 9), generator=torch.Generator().manual_seed(5))
+    siblings = torch.tensor([[17, 230]])
+    positions, slots = torch.tensor([9, 9]), torch.tensor([9, 10])
+    visible = torch.zeros(2, 11, dtype=torch.bool)
+    visible[:, :9] = True
+    visible[0, 9] = visible[1, 10] = True
+    outputs = {}
+    for on in (False, True):
+        one_call(fast, on)
+        with torch.inference_mode():
+            fast(prompt, torch.arange(9), None, window=9)
+            hidden, _ = fast(siblings, positions, visible, slots=slots, window=11)
+            outputs[on] = fast.logits(hidden)[0]
+    torch.testing.assert_close(outputs[True], outputs[False], atol=1e-4, rtol=1e-4)
+    with torch.inference_mode():  # each sibling as the one continuation of the prompt
+        for row, token in enumerate(siblings[0].tolist()):
+            alone = model(torch.cat([prompt, torch.tensor([[token]])], dim=1)).logits[0, -1]
+            torch.testing.assert_close(outputs[True][row], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_turned_off_the_layers_run_op_by_op(monkeypatch):
+    model = tiny_model("llama")
+    assert kernel_name(model) == "one-call-v1" and kernel_name(model, versioned=False) == "one-call"
+    monkeypatch.setenv("TANDEM_LAYER_KERNEL", "off")
+    layer_kernel_unavailable_reason.cache_clear()
+    try:
+        assert kernel_name(model) == "op-by-op"
+        assert not any(layer.one_call for layer in FastLlama(model, SLOTS).fused)
+    finally:
+        monkeypatch.delenv("TANDEM_LAYER_KERNEL")
+        layer_kernel_unavailable_reason.cache_clear()
+        assert layer_kernel_unavailable_reason() is None

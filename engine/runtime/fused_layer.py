@@ -8,9 +8,9 @@ matmuls per layer to four, and one RoPE over the queries and keys together repla
 The fused weight is the only copy: the model's own q/k/v (and gate/up) Linear modules are pointed
 at row slices of it, so the model keeps working as it was and no memory is added.
 
-Where Tandem's float kernels run (row_linear and row attention), a layer is one call to
-engine/models/native/decoder_layer.cpp: norms, RoPE, the cache writes, attention, SiLU and the residual
-adds around the four matmuls, about ten calls of the compiled graph fewer per layer.
+Where Tandem's kernels run (the float row kernel or the 4/8-bit block kernels, with row attention), a
+layer is one call to engine/models/native/decoder_layer.cpp: norms, RoPE, the cache writes, attention,
+SiLU and the residual adds around the four matmuls, about ten calls of the compiled graph fewer per layer.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _same_block_quant(modules) -> bool:
 
 @functools.cache
 def layer_kernel_unavailable_reason() -> str | None:
-    """None when a float layer runs as one call of decoder_layer.cpp, else why it runs op by op."""
+    """None when a layer on Tandem's kernels runs as one call of decoder_layer.cpp, else why it runs op by op."""
     if os.environ.get("TANDEM_LAYER_KERNEL", "").lower() == "off":
         return "turned off by TANDEM_LAYER_KERNEL=off"
     error = native_ops.build_error()
@@ -182,7 +182,8 @@ class FusedLayer(nn.Module):
         # the row-exact float kernel's code path (engine.runtime.row_linear), or None for F.linear
         self.linear_path = None if qkv_weight is None else row_linear.path_for(qkv_weight)
         # the whole layer in one call (with row attention: `lengths` or `visible` given)
-        self.one_call = self.linear_path is not None and layer_kernel_unavailable_reason() is None
+        on_kernels = self.linear_path is not None or self.qkv_quant is not None
+        self.one_call = on_kernels and layer_kernel_unavailable_reason() is None
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.eps = float(layer.input_layernorm.variance_epsilon)
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
@@ -195,11 +196,11 @@ class FusedLayer(nn.Module):
         _, T, C = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         if self.one_call and (lengths is not None or visible is not None):
+            qkv, o, gate_up, down, bits, path = self._projections()
             return torch.ops.tandem_layer.decoder_layer(
-                x[0], self.input_norm.weight, self.post_norm.weight, self.eps, self.qkv_weight, self.qkv_bias,
-                self.o_proj.weight, self.o_proj.bias, self.gate_up_weight, self.down_proj.weight,
-                self.down_proj.bias, cos[:, 0], sin_signed[:, 0], kv_cache.k_cache, kv_cache.v_cache, slots,
-                lengths, visible, H, self.linear_path,
+                x[0], self.input_norm.weight, self.post_norm.weight, self.eps, qkv, self._qkv_bias(), o,
+                self.o_proj.bias, gate_up, down, self.down_proj.bias, bits, cos[:, 0], sin_signed[:, 0],
+                kv_cache.k_cache, kv_cache.v_cache, slots, lengths, visible, H, path,
             ).unsqueeze(0)  # fmt: skip
         G = H // KV
         h = self._norm(x, self.input_norm)
@@ -229,6 +230,19 @@ class FusedLayer(nn.Module):
             gate_up = row_linear.linear(h, self.gate_up_weight, None, self.linear_path)
         gate, up = gate_up.chunk(2, dim=-1)
         return x + row_linear.project(self.down_proj, F.silu(gate) * up, self.linear_path)
+
+    def _projections(self) -> tuple[list, list, list, list, int, str]:
+        """The four projections' tensors as decoder_layer.cpp takes them, with their bits (0: float)
+        and their kernel's code path."""
+        if self.qkv_quant is None:
+            weights = self.qkv_weight, self.o_proj.weight, self.gate_up_weight, self.down_proj.weight
+            return *([w] for w in weights), 0, self.linear_path
+        layers = self.qkv_quant, self.o_proj, self.gate_up_quant, self.down_proj
+        blocks = ([layer.qweight, layer.scales, layer.mins] for layer in layers)
+        return *blocks, self.qkv_quant.bits, self.qkv_quant.path
+
+    def _qkv_bias(self) -> Tensor | None:
+        return self.qkv_bias if self.qkv_quant is None else self.qkv_quant.bias
 
     def _norm(self, x: Tensor, norm) -> Tensor:
         if x.dtype == torch.float32 or (x.is_cuda and ONE_KERNEL_NORM_ON_CUDA):

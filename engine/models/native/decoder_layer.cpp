@@ -1,13 +1,15 @@
-// One float32 Llama/Qwen2 decoder layer in one call, for decoding, verification and short prompts.
+// One Llama/Qwen2 decoder layer in one call, for decoding, verification and short prompts: float32 weights
+// on row_linear.cpp, or 4- and 8-bit blocks on block_quant.cpp (a quantized draft), activations float32.
 //
 // Why: at one token a step of the built-in model is 30 layers of a few hundred-row matmuls and about
 // ten small ops around them per layer (two norms, RoPE, the cache writes, attention, SiLU, two
 // residual adds). Each op is a call from the compiled graph's Python wrapper or from eager PyTorch,
-// and those calls, not the arithmetic, took about 2 ms of a 17 ms step. Here a layer is one call: its
-// matmuls are row_linear.cpp's, its attention attention.cpp's, and everything between them is done in
-// place on the rows.
+// and those calls, not the arithmetic, cost milliseconds a step: the uncompiled float target spent
+// about 5 ms of a 19 ms step between its matmuls, the compiled one about 1.5 ms, the INT8 draft 1.4 ms
+// of 6.5. Here a layer is one call: its matmuls are the row or block kernel's, its attention
+// attention.cpp's, and everything between them is done in place on the rows.
 //
-// Row-exact, as both kernels it calls: every row's norm, RoPE, SiLU and residual add is computed the
+// Row-exact, as the float kernels it calls: every row's norm, RoPE, SiLU and residual add is computed the
 // same way whatever the number of rows, so a verify forward's rows stay bit for bit the one-token
 // steps' results and speculative decoding's greedy output the target's own.
 //
@@ -33,6 +35,8 @@ torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, co
                          const std::string& path);
 torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                             const c10::optional<torch::Tensor>& lengths, const c10::optional<torch::Tensor>& mask);
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
+                     const torch::Tensor& mins, int64_t bits, const std::string& path);  // block_quant.cpp
 
 namespace {
 
@@ -74,6 +78,24 @@ __attribute__((target("avx2,fma"))) void silu_mul_row(const float* gate, const f
 }
 #endif
 
+// x W^T + b: W is [weight] for the float row kernel (bits 0), or [qweight, scales, mins] in 4- or 8-bit
+// blocks (block_quant.cpp; its bias added after, as engine.models.block_quant.BlockQuantLinear does).
+torch::Tensor project(const torch::Tensor& x, at::TensorList weight, const c10::optional<torch::Tensor>& bias,
+                      int64_t bits, const std::string& path) {
+  if (bits == 0) {
+    TORCH_CHECK(weight.size() == 1, "decoder layer: a float projection is one weight");
+    return row_linear(x, weight[0], bias, path);
+  }
+  TORCH_CHECK(weight.size() == 3, "decoder layer: a block-quantized projection is codes, scales and mins");
+  torch::Tensor y = linear(x, weight[0], weight[1], weight[2], bits, path);
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
+}
+
+int64_t out_features(at::TensorList weight, int64_t bits) {
+  return bits == 0 ? weight[0].size(0) : weight[1].size(0);  // the scales are [N, K/32]
+}
+
 template <typename Fn>
 void for_rows(int64_t rows, int64_t width, const Fn& fn) {
   at::parallel_for(0, rows, std::max<int64_t>(1, kTaskValues / std::max<int64_t>(1, width)),
@@ -83,10 +105,10 @@ void for_rows(int64_t rows, int64_t width, const Fn& fn) {
 }
 
 torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& input_norm, const torch::Tensor& post_norm,
-                            double eps, const torch::Tensor& qkv_weight, const c10::optional<torch::Tensor>& qkv_bias,
-                            const torch::Tensor& o_weight, const c10::optional<torch::Tensor>& o_bias,
-                            const torch::Tensor& gate_up_weight, const torch::Tensor& down_weight,
-                            const c10::optional<torch::Tensor>& down_bias, const torch::Tensor& cos_in,
+                            double eps, at::TensorList qkv_weight, const c10::optional<torch::Tensor>& qkv_bias,
+                            at::TensorList o_weight, const c10::optional<torch::Tensor>& o_bias,
+                            at::TensorList gate_up_weight, at::TensorList down_weight,
+                            const c10::optional<torch::Tensor>& down_bias, int64_t bits, const torch::Tensor& cos_in,
                             const torch::Tensor& sin_in, torch::Tensor& k_cache, torch::Tensor& v_cache,
                             const torch::Tensor& slots_in, const c10::optional<torch::Tensor>& lengths,
                             const c10::optional<torch::Tensor>& mask, int64_t n_heads, const std::string& path) {
@@ -102,11 +124,11 @@ torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& inpu
   const int64_t tokens = x.size(0), c = x.size(1);
   const int64_t kv_heads = k_cache.size(1), cache_slots = k_cache.size(2), d = k_cache.size(3);
   const int64_t heads = n_heads, qkv_heads = heads + 2 * kv_heads;
-  TORCH_CHECK(heads % kv_heads == 0 && qkv_weight.size(0) == qkv_heads * d, "decoder layer: head counts do not match");
+  TORCH_CHECK(heads % kv_heads == 0 && out_features(qkv_weight, bits) == qkv_heads * d,
+              "decoder layer: head counts do not match");
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == tokens && cos.size(1) == d && slots.numel() == tokens,
               "decoder layer: cos, sin and slots need one row per token");
-  TORCH_CHECK(gate_up_weight.size(0) % 2 == 0 && down_weight.size(1) == gate_up_weight.size(0) / 2,
-              "decoder layer: gate/up and down do not match");
+  TORCH_CHECK(out_features(gate_up_weight, bits) % 2 == 0, "decoder layer: gate/up must have an even width");
   const int64_t* sp = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t)
     TORCH_CHECK(sp[t] >= 0 && sp[t] < cache_slots, "decoder layer: a slot is outside the cache");
@@ -117,7 +139,7 @@ torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& inpu
   float* hp = h.data_ptr<float>();
   const float* in_w = input_norm.data_ptr<float>();
   for_rows(tokens, c, [&](int64_t t) { rms_norm_row(xp + t * c, in_w, norm_eps, c, hp + t * c); });
-  const torch::Tensor qkv = row_linear(h, qkv_weight, qkv_bias, path);  // [T, (H + 2 KV) D]
+  const torch::Tensor qkv = project(h, qkv_weight, qkv_bias, bits, path);  // [T, (H + 2 KV) D]
 
   torch::Tensor q = torch::empty({tokens, heads, d}, x.options());
   const float* qkvp = qkv.data_ptr<float>();
@@ -138,21 +160,21 @@ torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& inpu
   });
   const torch::Tensor attended = row_attention(q, k_cache, v_cache, lengths, mask);  // [T, H, D]
 
-  torch::Tensor mid = row_linear(attended.view({tokens, heads * d}), o_weight, o_bias, path);  // + x below
+  torch::Tensor mid = project(attended.view({tokens, heads * d}), o_weight, o_bias, bits, path);  // + x below
   float* mp = mid.data_ptr<float>();
   const float* post_w = post_norm.data_ptr<float>();
   for_rows(tokens, c, [&](int64_t t) {
     for (int64_t i = 0; i < c; ++i) mp[t * c + i] = xp[t * c + i] + mp[t * c + i];
     rms_norm_row(mp + t * c, post_w, norm_eps, c, hp + t * c);
   });
-  const torch::Tensor gate_up = row_linear(h, gate_up_weight, c10::nullopt, path);  // [T, 2I]
+  const torch::Tensor gate_up = project(h, gate_up_weight, c10::nullopt, bits, path);  // [T, 2I]
   const int64_t inner = gate_up.size(1) / 2;
   torch::Tensor act = torch::empty({tokens, inner}, x.options());
   const float* gup = gate_up.data_ptr<float>();
   float* ap = act.data_ptr<float>();
   for_rows(tokens, 2 * inner,
            [&](int64_t t) { silu_mul_row(gup + t * 2 * inner, gup + t * 2 * inner + inner, inner, ap + t * inner); });
-  torch::Tensor out = row_linear(act, down_weight, down_bias, path);
+  torch::Tensor out = project(act, down_weight, down_bias, bits, path);
   float* op = out.data_ptr<float>();
   for_rows(tokens, c, [&](int64_t t) {
     for (int64_t i = 0; i < c; ++i) op[t * c + i] = mp[t * c + i] + op[t * c + i];
@@ -165,9 +187,9 @@ torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& inpu
 
 TORCH_LIBRARY(tandem_layer, lib) {
   lib.def(
-      "decoder_layer(Tensor x, Tensor input_norm, Tensor post_norm, float eps, Tensor qkv_weight, "
-      "Tensor? qkv_bias, Tensor o_weight, Tensor? o_bias, Tensor gate_up_weight, Tensor down_weight, "
-      "Tensor? down_bias, Tensor cos, Tensor sin_signed, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
+      "decoder_layer(Tensor x, Tensor input_norm, Tensor post_norm, float eps, Tensor[] qkv_weight, "
+      "Tensor? qkv_bias, Tensor[] o_weight, Tensor? o_bias, Tensor[] gate_up_weight, Tensor[] down_weight, "
+      "Tensor? down_bias, int bits, Tensor cos, Tensor sin_signed, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
       "Tensor? lengths, Tensor? mask, int n_heads, str path) -> Tensor");
 }
 

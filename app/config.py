@@ -27,7 +27,7 @@ MODEL_DRAFTERS = ("model", "auto")
 BACKENDS = ("local", "server")
 # the target's precision, whose output Tandem reproduces exactly; "default": the device's usual dtype
 TARGET_PRECISIONS = ("default", "fp32", "bf16", "int8", "int4")
-QUANTIZATIONS = ("none", "int8", "int4")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 K_MODES = ("adaptive", "fixed")
 COMPILED = ("auto", "on", "off")  # auto: CUDA at load, CPU in the background; on: at load everywhere
 
@@ -45,7 +45,7 @@ class AppConfig:
     drafter: str = DEFAULT_DRAFTER
     # Offline, the only draft that shares the target's tokenizer is a quantized copy of the target.
     draft: str = DEFAULT_TARGET
-    draft_quantization: str = "int8"
+    draft_quantization: str = "auto"
     draft_on_cpu: bool = False
     k_mode: str = "adaptive"
     k: int = 4  # used when k_mode is "fixed"

@@ -25,7 +25,7 @@ def builtin_config(config: AppConfig) -> AppConfig:
         target=DEFAULT_TARGET,
         draft=DEFAULT_TARGET,
         drafter=DEFAULT_DRAFTER,
-        draft_quantization="int8",
+        draft_quantization="auto",
         draft_on_cpu=False,
         device="auto",
         dtype="auto",

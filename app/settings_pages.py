@@ -145,7 +145,9 @@ class SettingsWidgets:
         self.draft_picker = ModelPicker(specs)
         self.drafter_combo = choices(DRAFTER_LABELS)
         self.precision_combo = choices({p: p if p == "default" else p.upper() for p in TARGET_PRECISIONS})
-        self.quantization_combo = choices({q: q.upper() if q != "none" else "None" for q in QUANTIZATIONS})
+        self.quantization_combo = choices(
+            {q: q.upper() if q not in ("none", "auto") else q.title() for q in QUANTIZATIONS}
+        )
         self.draft_on_cpu_box = QtWidgets.QCheckBox("Run the draft on the CPU")
         self.device_combo = choices({"auto": "auto", "cpu": "cpu"})
         self.dtype_combo = choices({d: d for d in DTYPES})

@@ -24,7 +24,7 @@ def test_defaults_draft_with_a_quantized_copy_of_the_builtin_target():
     assert config.target == DEFAULT_TARGET
     assert config.drafter == DEFAULT_DRAFTER  # "auto" where the engine has it
     assert config.draft == DEFAULT_TARGET
-    assert config.draft_quantization == "int8"
+    assert config.draft_quantization == "auto"  # INT4 for the built-in target (its weights are Q4_1 blocks)
     assert config.k_mode == "adaptive"
     config.validate()
 

@@ -152,3 +152,31 @@ def test_cuda_quantize_model_reloads_from_the_folder():
     int4 = quantize_model(fp, "int4")
     assert int4.spec == fp.spec and int4.quantization == "int4"
     assert len(greedy_tokens(int4, 4)) == 4
+
+
+def test_auto_drafts_in_int4_where_the_targets_weights_are_4bit_blocks_already(builtin_model, make_tiny):
+    from engine.models.block_quant import (
+        build_error,
+        dequantize_blocks,
+        holds_in_4bit_blocks,
+        quantize_blocks,
+    )
+    from engine.models.pair import load_pair
+    from engine.models.quantize import draft_quantization_for
+
+    assert build_error() is None, build_error()
+    # the built-in model is read from a Q4_1 GGUF: a 4-bit copy holds its layers' very weights
+    assert holds_in_4bit_blocks(builtin_model.model)
+    assert draft_quantization_for(builtin_model, "auto") == "int4"
+    assert draft_quantization_for(builtin_model, "int8") == "int8"  # a chosen mode stays
+    tiny = make_tiny()
+    assert not holds_in_4bit_blocks(tiny.model)
+    assert draft_quantization_for(tiny, "auto") == "int8"
+    with torch.no_grad():  # the same model with its weights put through 4-bit blocks
+        for linear in tiny.model.modules():
+            if type(linear) is nn.Linear:
+                linear.weight.copy_(dequantize_blocks(*quantize_blocks(linear.weight, 4), 4))
+    assert holds_in_4bit_blocks(tiny.model)
+    assert draft_quantization_for(tiny, "auto") == "int4"
+    target, draft = load_pair(DEFAULT_TARGET, None, device="cpu")
+    assert draft.quantization == "int4"

@@ -29,7 +29,11 @@ def add_model_options(parser: argparse.ArgumentParser, default_draft: str | None
         + ")",
     )
     parser.add_argument(
-        "--quant", choices=["none", "int8", "int4"], default="int8", help="draft quantization"
+        "--quant",
+        choices=["auto", "none", "int8", "int4"],
+        default="auto",
+        help="draft quantization (default auto: INT4 where the target's weights are 4-bit blocks "
+        "already, as the built-in model's are, else INT8)",
     )
     parser.add_argument(
         "--precision",

@@ -51,6 +51,25 @@ def best_path() -> str:
     return "portable"
 
 
+def holds_in_4bit_blocks(model: nn.Module, layers: int = 2) -> bool:
+    """Whether the decoder layers' float weights are 4-bit blocks as they stand (a model read from a
+    Q4_0, Q4_1 or Q4_K GGUF, the built-in one among them): a 4-bit copy then holds those layers'
+    very weights. Checks the first and last projections; the LM head, which such files often keep at
+    6 or 8 bits, is not asked."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linears = [
+        m for m in model.modules() if type(m) is nn.Linear and m is not head and m.in_features % PAIR == 0
+    ]
+    if not linears:
+        return False
+    with torch.no_grad():
+        for linear in linears[:layers] + linears[-layers:]:
+            weight = linear.weight.detach()[:256].float().cpu()
+            if not torch.equal(dequantize_blocks(*quantize_blocks(weight, 4), 4), weight):
+                return False
+    return True
+
+
 def pair_order(k: int) -> torch.Tensor:
     """Column order of the kernel's layout: each pair of blocks interleaved four values at a time
     (a0..a3 b0..b3 a4..a7 ...), so that every 32-bit lane of an integer dot product covers one block."""

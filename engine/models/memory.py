@@ -244,6 +244,8 @@ def estimate_memory(
     draft_device = str(resolve_device(draft_device, must_exist)) if draft_device else device
     parts: dict[str, int] = {}
     devices: dict[str, str] = {}
+    if draft_quantization == "auto":  # INT4 or INT8 once the target's weights are read: the larger
+        draft_quantization = "int8"
 
     def add(label: str, nbytes: int, where: str) -> None:
         parts[label] = nbytes

@@ -12,7 +12,7 @@ NO_DRAFT_MODEL = {"ngram", "none"}
 def load_pair(
     target_spec: str,
     draft_spec: str | None,
-    quantization: str = "int8",
+    quantization: str = "auto",
     device: str = "auto",
     dtype: str = "auto",
     progress: ProgressCallback | None = None,
@@ -22,7 +22,8 @@ def load_pair(
     """Load the target, then the draft.
 
     draft_spec None means "a quantized copy of the target", the only same-tokenizer draft for a
-    model that ships alone. 'ngram' and 'none' load no draft model. target_precision (fp32, bf16,
+    model that ships alone; its `quantization` "auto" picks one for the target
+    (engine.models.quantize.draft_quantization_for; another draft model takes INT8). 'ngram' and 'none' load no draft model. target_precision (fp32, bf16,
     int8, int4; None: the device's default dtype) is the precision whose output Tandem reproduces.
     """
     from engine.models.compat import check_compatible
@@ -32,12 +33,14 @@ def load_pair(
     )
     if draft_spec is not None and draft_spec.lower() in NO_DRAFT_MODEL:
         return target, None
-    from engine.models.quantize import rounds_activations
+    from engine.models.quantize import draft_quantization_for, rounds_activations
 
     if rounds_activations(target):  # an 8-bit copy of a target that is already quantized saves nothing
         return target, None
     draft_device = draft_device or device
     source = target_spec if draft_spec is None else draft_spec
+    if quantization == "auto":
+        quantization = draft_quantization_for(target, "auto") if source == target_spec else "int8"
     draft = load_model(source, device=draft_device, dtype=dtype, progress=progress, quantization=quantization)
     if source != target_spec:
         check_compatible(target.tokenizer, draft.tokenizer, target.model.config, draft.model.config)

@@ -19,6 +19,8 @@ from typing import Any
 from engine.errors import SettingsError
 
 QUANTIZATION_MODES = ("none", "int8", "int4")
+# a draft's quantization may also be "auto": see draft_quantization_for
+DRAFT_QUANTIZATIONS = ("auto", *QUANTIZATION_MODES)
 PRECISIONS = ("fp32", "bf16", "int8", "int4")
 
 
@@ -63,8 +65,33 @@ def precision_note(precision: str, device) -> str:
     )
 
 
+def draft_quantization_for(target, mode: str) -> str:
+    """The quantization a copy of `target` drafts in: `mode`, or for "auto" INT4 where the target's
+    layers are 4-bit blocks already on a CPU (a Q4 GGUF, the built-in model: the copy's layers then
+    hold the target's own weights, and only its activations and LM head are rounded) and INT8
+    elsewhere. On the built-in model, greedy, same runs: the INT4 copy kept 95 % of its drafts against
+    the INT8 copy's 94 % at a tenth less time a draft token."""
+    if mode != "auto":
+        validate_mode(mode)
+        return mode
+    from engine.models import block_quant
+
+    on_cpu = getattr(target.device, "type", target.device) == "cpu"
+    if on_cpu and block_quant.build_error() is None and block_quant.holds_in_4bit_blocks(target.model):
+        return "int4"
+    return "int8"
+
+
+AUTO_NOTE = (
+    "Auto: INT4 where the target's layers are 4-bit blocks already (a Q4 GGUF, the built-in model), "
+    "so the draft's layers hold the target's own weights; INT8 elsewhere."
+)
+
+
 def quantization_note(mode: str, device) -> str:
     """A one-line note for the settings panel about what this mode costs and saves here."""
+    if mode == "auto":
+        return AUTO_NOTE
     validate_mode(mode)
     on_cuda = getattr(device, "type", device) == "cuda"
     if mode == "none":

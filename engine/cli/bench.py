@@ -338,6 +338,8 @@ def run_bench(args) -> int:
         {"compiled" if getattr(e, "runs_compiled", False) else "eager" for e in engines.values()}
     )
     config["notices"] = notices
+    if draft is not None:  # what --quant auto chose for the quantized copy
+        config["draft_quantization"] = draft.quantization
     report = bench_report.build_report(config, records, methods, sampling.greedy, runner_extras(runners))
     print(bench_report.format_table(report))
     if args.json_path:

@@ -41,8 +41,17 @@ source_dir=$(dirname "$(find "$unpacked" -name CMakeLists.txt -path '*llama.cpp/
 [ -f "$source_dir/CMakeLists.txt" ] || { echo "build_llama_cpp: no llama.cpp source in $sdist" >&2; exit 2; }
 
 build="$PREFIX/build"
+# A native build on a CPU that reports AMX emits tile instructions, which stopped llama-server with
+# SIGILL on a Xeon whose virtual machine lists AMX (tilezero in the Q4_1 matmul). Without them ggml
+# still takes AVX-512 and VNNI, as Tandem's own kernels do.
+no_amx=()
+if [ "$(uname -m)" = x86_64 ]; then
+  no_amx=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+          -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+fi
 cmake -S "$source_dir" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+  ${no_amx[@]+"${no_amx[@]}"}
 cmake --build "$build" --target llama-server llama-bench -j"$JOBS"
 for tool in llama-server llama-bench; do
   cp "$(find "$build" -type f -name "$tool" -perm -u+x | head -n1)" "$BIN/$tool"

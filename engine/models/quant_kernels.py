@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -362,7 +363,7 @@ def _unavailable_reason(kernel: Kernel) -> str | None:
         if kernel.device_type == "cpu":
             return int4_cpu_unavailable_reason()
         try:
-            import bitsandbytes  # noqa: F401
+            import_bitsandbytes()
         except ImportError:
             return "bitsandbytes is not installed"
         return None
@@ -394,10 +395,21 @@ def _torch_ao_dynamic(model: nn.Module) -> nn.Module:
 # ---- speed -----------------------------------------------------------------------------------
 
 
+def import_bitsandbytes():
+    """bitsandbytes without its import-time warning: on CPUs with AVX-512 BF16 it tries to fetch a
+    kernel from the hub and logs when it cannot (offline, or an untrusted repository); its own CPU
+    code runs then, which is what is checked here."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    import bitsandbytes
+
+    return bitsandbytes
+
+
 @functools.lru_cache(maxsize=1)
 def int4_cpu_unavailable_reason() -> str | None:
     """None when bitsandbytes can run NF4 on this CPU, otherwise why not."""
     try:
+        import_bitsandbytes()
         import bitsandbytes.functional as bnbf
         import torch
 

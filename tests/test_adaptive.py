@@ -133,6 +133,18 @@ def test_a_reply_that_contradicts_the_earlier_ones_drops_their_counts():
     assert model.conditional()[0] > 0.8
 
 
+def test_a_lookups_new_match_length_gets_the_doubt_of_the_drafters_rounds_not_a_near_certainty():
+    """The upper bound counts all of a drafter's rounds: a match length never seen before leans on
+    the drafter's own figure, and must not outbid a drafter measured right nine times in ten."""
+    model = AcceptanceModel()
+    for _ in range(30):
+        model.observe(4, 0, condition=2)  # 2-token matches: rejected at the first token
+    point, bound = model.conditional(8)[0], model.conditional(8, optimism=1.0)[0]
+    assert point < 0.1
+    assert bound - point < 0.1  # with a bound from the condition's own (zero) rounds: 0.2 more
+    assert bound < model.conditional(2, optimism=1.0)[0] + 0.1
+
+
 def test_acceptance_is_kept_per_condition_and_shrunk_to_the_drafter_while_rare():
     model = AcceptanceModel()
     for _ in range(100):

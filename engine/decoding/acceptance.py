@@ -104,14 +104,17 @@ class AcceptanceModel:
         """[p_0, p_1, ...]: acceptance at each position given every earlier one was accepted.
 
         optimism z > 0 raises p_0 to an upper confidence bound, p + z * sqrt(p (1 - p) / (n + 1)) with
-        n the (decayed) rounds behind it: a drafter measured a few times gets tried a few more times
-        before one unlucky round can write it off. (Later positions already start from an optimistic
-        prior, PRIOR_AFTER_ACCEPT.) Not in a reply that has contradicted the earlier ones: its rounds
-        agreed with each other well enough to overrule them, and optimism would keep a poor draft
-        going for rounds more."""
+        n the drafter's (decayed) rounds: a drafter measured a few times gets tried a few more times
+        before one unlucky round can write it off. n counts all of its rounds, not only those under
+        `condition`: a lookup's match lengths are many, and with a bound per match length each new
+        one looked nearly sure (p_0 0.46 raised to 0.96), so `auto` let fresh matches draft in place
+        of a quantized copy whose drafts were kept 96 % of the time, and lost those rounds. (Later
+        positions already start from an optimistic prior, PRIOR_AFTER_ACCEPT.) Not in a reply that
+        has contradicted the earlier ones: its rounds agreed with each other well enough to overrule
+        them, and optimism would keep a poor draft going for rounds more."""
         estimates = [p for p, _ in self._estimates(condition)]
         if optimism > 0 and not self.changed_this_reply:
-            p, n = estimates[0], self.observations(condition)
+            p, n = estimates[0], self.observations()
             estimates[0] = min(1.0, p + optimism * (p * (1 - p) / (n + 1)) ** 0.5)
         return estimates
 

@@ -88,16 +88,20 @@ def test_one_call_computes_the_layer_as_its_ops_do_and_writes_the_same_cache(fam
     torch.testing.assert_close(actual, reference, atol=1e-4, rtol=1e-4)
 
 
+def all_rows_in_one_forward(fast, ids) -> torch.Tensor:
+    """The logits of every position of `ids`, read by one forward from an empty cache."""
+    with torch.inference_mode():
+        hidden, _ = fast(ids, torch.arange(ids.shape[1]), None, window=ids.shape[1])
+        return fast.logits(hidden)[0]
+
+
 def test_rows_at_once_are_the_one_token_steps_bit_for_bit():
     fast = FastLlama(tiny_model("llama", seed=2), SLOTS)
     ids = torch.randint(0, 300, (1, 20), generator=torch.Generator().manual_seed(3))
     one_call(fast, True)
     steps = prompt_then_steps(fast, ids, 1)
     one_call(fast, True)
-    with torch.inference_mode():
-        hidden, _ = fast(ids, torch.arange(20), None, window=20)
-        together = fast.logits(hidden)[0]
-    assert torch.equal(together, steps)
+    assert torch.equal(all_rows_in_one_forward(fast, ids), steps)
 
 
 def test_a_token_tree_attends_as_its_mask_says():
@@ -165,10 +169,7 @@ def test_block_quantized_layers_run_in_one_call_and_their_rows_stay_exact(bits):
     one_call(fast, True)
     steps = prompt_then_steps(fast, ids, 1)
     one_call(fast, True)
-    with torch.inference_mode():
-        hidden, _ = fast(ids, torch.arange(20), None, window=20)
-        together = fast.logits(hidden)[0]
-    assert torch.equal(together, steps)
+    assert torch.equal(all_rows_in_one_forward(fast, ids), steps)
     # the layer's ops, as the op-by-op path computes them (here no activation lands on another
     # rounding step of the blocks, where the two could part)
     torch.testing.assert_close(steps, op_by_op, atol=1e-5, rtol=1e-5)

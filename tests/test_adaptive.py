@@ -133,6 +133,21 @@ def test_a_reply_that_contradicts_the_earlier_ones_drops_their_counts():
     assert model.conditional()[0] > 0.8
 
 
+def test_a_reply_starts_from_what_was_measured_held_more_loosely():
+    """A new reply keeps the earlier figure, on fewer counts: it is not pulled back to the uninformed
+    prior (a drafter right one time in five looked right one time in four again at every reply's
+    start), and the reply's own rounds move it quickly."""
+    model = AcceptanceModel()
+    for i in range(100):
+        model.observe(1, int(i % 5 == 0))
+    before = model.conditional()[0]
+    model.start_reply(0.3)
+    assert abs(model.conditional()[0] - before) < 0.01
+    for _ in range(3):
+        model.observe(1, 1)
+    assert model.conditional()[0] > before + 0.15
+
+
 def test_a_lookups_new_match_length_gets_the_doubt_of_the_drafters_rounds_not_a_near_certainty():
     """The upper bound counts all of a drafter's rounds: a match length never seen before leans on
     the drafter's own figure, and must not outbid a drafter measured right nine times in ten."""
@@ -505,8 +520,8 @@ def test_a_drafter_that_stops_by_its_confidence_is_judged_by_its_measured_accept
     controllers = {}
     for name, drafter in (("head", HeadLike()), ("lookup", Drafter())):
         k = KController.for_drafter(drafter, SpeculationSettings(), curve)
-        for round_index in range(40):  # acceptance 0.35 at K = 1, each draft step 0.02 s
-            k.observe(1, drafted=1, accepted=round_index % 20 < 7, draft_s=0.02, verify_s=0.124)
+        for round_index in range(40):  # acceptance 0.4 at K = 1 (break-even 0.44), draft steps 0.02 s
+            k.observe(1, drafted=1, accepted=round_index % 20 < 8, draft_s=0.02, verify_s=0.124)
         k.start_reply()
         controllers[name] = k
     assert controllers["head"].choose(limit=64) == 0 and controllers["head"].plain

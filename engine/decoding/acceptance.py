@@ -9,7 +9,8 @@ low and p_1, p_2, ... are high. Measuring each p_i separately fits both shapes.
 A lookup drafter also says how long its match is before it drafts (`Drafter.peek`); acceptance is
 kept per match length too ("condition"), shrunk towards the drafter's overall figures while a
 condition has few observations:
-    p_i(all)  = (accepted_i + prior_i * w) / (decided_i + w),   prior_0 = PRIOR_ACCEPTANCE,
+    p_i(all)  = (accepted_i + prior_i * w) / (decided_i + w),   prior_0 = PRIOR_ACCEPTANCE (from a
+                                                   reply's start: p_0 as it was measured before it),
                                                    prior_i = max(PRIOR_AFTER_ACCEPT, p_{i-1}(all))
     p_i(c)    = (accepted_i(c) + p_i(all) * w) / (decided_i(c) + w)
 Counts decay, so the model follows a drafter whose acceptance changes within a reply. The prior
@@ -50,8 +51,8 @@ class AcceptanceModel:
         self._all = _Counts(positions)
         self._by_condition: dict[Hashable, _Counts] = {}
         self._inherited_rate: float | None = None  # p_0 at the start of this reply, while it is trusted
-        # [p_i] at the start of this reply, the prior its scaled-down counts are shrunk towards
-        self._reply_priors: list[float] | None = None
+        # p_0 at the start of this reply, the prior its scaled-down counts are shrunk towards
+        self._reply_prior: float | None = None
         self._reply_decided = self._reply_accepted = 0
         # this reply contradicted the earlier ones: its own rounds are evidence enough, without optimism
         self.changed_this_reply = False
@@ -76,13 +77,12 @@ class AcceptanceModel:
         against. Once this reply's first positions contradict them (a binomial tail below
         CHANGE_P_VALUE, either way), they are dropped and the reply's own rounds decide alone.
 
-        The scaled-down counts are shrunk towards the estimates they gave, not towards the
-        uninformed prior: the reply starts from what was measured, held more loosely. Towards the
-        prior, a drafter measured right 44 % of the time looked like a coin flip again at every
-        reply's start, and `auto` gave it the first rounds of each reply in place of a copy kept
-        96 % of the time."""
-        self._reply_priors = [p for p, _ in self._estimates(None)]
-        self._inherited_rate = self._reply_priors[0]
+        The first position's scaled-down counts are shrunk towards the estimate they gave, not
+        towards the uninformed prior: the reply starts from what was measured, held more loosely.
+        Towards the prior, a drafter measured right 44 % of the time looked like a coin flip again
+        at every reply's start, and `auto` gave it the first rounds of each reply in place of a copy
+        kept 96 % of the time. Later positions keep their optimistic prior, which lets K grow."""
+        self._inherited_rate = self._reply_prior = self.conditional()[0]
         for counts in self._counts():
             counts.scale(keep)
             counts.mark_inherited()
@@ -106,7 +106,7 @@ class AcceptanceModel:
         if binomial_tail(hits, n, rate) < CHANGE_P_VALUE:
             for counts in self._counts():
                 counts.drop_inherited()
-            self._inherited_rate = self._reply_priors = None
+            self._inherited_rate = self._reply_prior = None
             self.changed_this_reply = True
 
     def conditional(self, condition: Hashable = None, optimism: float = 0.0) -> list[float]:
@@ -129,10 +129,8 @@ class AcceptanceModel:
 
     def _estimates(self, condition: Hashable) -> list[tuple[float, float]]:
         """(p_i, decided_i) per position, shrunk as the module docstring says."""
-        pooled, prior = [], self.prior
-        for i, (accepted, decided) in enumerate(zip(self._all.accepted, self._all.decided, strict=True)):
-            if self._reply_priors is not None:
-                prior = self._reply_priors[i]
+        pooled, prior = [], self.prior if self._reply_prior is None else self._reply_prior
+        for accepted, decided in zip(self._all.accepted, self._all.decided, strict=True):
             estimate = (accepted + prior * self.prior_weight) / (decided + self.prior_weight)
             pooled.append(estimate)
             prior = max(self.prior_after_accept, estimate)

@@ -12,6 +12,7 @@ from typing import Any
 from engine import settings as engine_settings
 from engine.errors import SettingsError, TandemError
 from engine.models.builtin import DEFAULT_TARGET
+from engine.models.quantize import DRAFT_QUANTIZATIONS, PRECISIONS
 from engine.settings import MAX_K, SamplingSettings, SpeculationSettings
 
 STORE_KEY = "app_config"
@@ -26,8 +27,8 @@ DEFAULT_DRAFTER = "auto" if "auto" in DRAFTERS else "model"
 MODEL_DRAFTERS = ("model", "auto")
 BACKENDS = ("local", "server")
 # the target's precision, whose output Tandem reproduces exactly; "default": the device's usual dtype
-TARGET_PRECISIONS = ("default", "fp32", "bf16", "int8", "int4")
-QUANTIZATIONS = ("auto", "none", "int8", "int4")
+TARGET_PRECISIONS = ("default", *PRECISIONS)
+QUANTIZATIONS = DRAFT_QUANTIZATIONS
 K_MODES = ("adaptive", "fixed")
 COMPILED = ("auto", "on", "off")  # auto: CUDA at load, CPU in the background; on: at load everywhere
 

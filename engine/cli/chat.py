@@ -11,6 +11,7 @@ from engine.cli.terminal import checked_text, converse
 from engine.errors import SettingsError
 from engine.events import Finished
 from engine.models.builtin import DEFAULT_TARGET
+from engine.models.quantize import DRAFT_QUANTIZATIONS, PRECISIONS
 from engine.settings import SamplingSettings, SpeculationSettings
 
 
@@ -30,14 +31,14 @@ def add_model_options(parser: argparse.ArgumentParser, default_draft: str | None
     )
     parser.add_argument(
         "--quant",
-        choices=["auto", "none", "int8", "int4"],
+        choices=DRAFT_QUANTIZATIONS,
         default="auto",
         help="draft quantization (default auto: INT4 where the target's weights are 4-bit blocks "
         "already, as the built-in model's are, else INT8)",
     )
     parser.add_argument(
         "--precision",
-        choices=["fp32", "bf16", "int8", "int4"],
+        choices=PRECISIONS,
         default=None,
         help="the target's precision (default: fp32 on CPU, bf16/fp16 on GPU); int8/int4 targets "
         "are checked kernels whose output is close to, not identical to, fp32",

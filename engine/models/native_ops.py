@@ -5,7 +5,7 @@ start loads the library from the cache folder (per torch version; ninja rebuilds
 Each source registers its own torch op namespace: `tandem_block_quant` (block-quantized layers,
 engine.models.block_quant), `tandem_row_linear` (the float linear of decoding and verification,
 engine.runtime.row_linear), `tandem_attention` (attention row by row, engine.runtime.attention) and
-`tandem_layer` (a whole float decoder layer in one call, engine.runtime.fused_layer). Without a C++
+`tandem_layer` (a whole decoder layer in one call, float or block-quantized, engine.runtime.fused_layer). Without a C++
 compiler (the installed bundle) they are unavailable, and each caller says why and takes its float path.
 
 TANDEM_NATIVE_DIR overrides where the library is built (the test suite shares one across processes).

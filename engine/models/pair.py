@@ -23,8 +23,9 @@ def load_pair(
 
     draft_spec None means "a quantized copy of the target", the only same-tokenizer draft for a
     model that ships alone; its `quantization` "auto" picks one for the target
-    (engine.models.quantize.draft_quantization_for; another draft model takes INT8). 'ngram' and 'none' load no draft model. target_precision (fp32, bf16,
-    int8, int4; None: the device's default dtype) is the precision whose output Tandem reproduces.
+    (engine.models.quantize.draft_quantization_for; another draft model takes INT8). 'ngram' and
+    'none' load no draft model. target_precision (fp32, bf16, int8, int4; None: the device's default
+    dtype) is the precision whose output Tandem reproduces.
     """
     from engine.models.compat import check_compatible
 

@@ -71,8 +71,9 @@ LAYER_KERNEL_VERSION = 1  # bumped when decoder_layer.cpp's speed changes: store
 
 
 def kernel_name(model, versioned: bool = True) -> str:
-    """Whether the fast path runs this model's float layers as one call each here, for the keys of
-    cached measurements and compiled builds (a graph of one call per layer is another graph)."""
+    """Whether the fast path runs this model's layers (float or block-quantized) as one call each
+    here, for the keys of cached measurements and compiled builds (a graph of one call per layer is
+    another graph)."""
     from engine.runtime import attention
 
     one_call = (

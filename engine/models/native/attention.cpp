@@ -118,7 +118,7 @@ RowFn row_fn(int64_t d) {
 }  // namespace
 
 torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                     const c10::optional<torch::Tensor>& lengths, const c10::optional<torch::Tensor>& mask) {
+                            const c10::optional<torch::Tensor>& lengths, const c10::optional<torch::Tensor>& mask) {
 #ifndef ATTN_X86
   TORCH_CHECK(false, "attention: this build has no x86 code path");
 #else

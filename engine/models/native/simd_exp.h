@@ -1,10 +1,10 @@
-// exp on 8 float lanes, shared by the attention and decoder-layer kernels.
+// exp on 8 float lanes, shared by the attention and decoder-layer kernels: the Cephes polynomial, as
+// in avx_mathfun. Each lane is computed alike, so a value's result does not depend on where it falls
+// in a block of 8.
 #pragma once
 
 #include <immintrin.h>
 
-// exp on 8 lanes (the Cephes polynomial, as in avx_mathfun): each lane is computed alike, so a slot's
-// weight does not depend on where it falls in a block of 8.
 __attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
   __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));

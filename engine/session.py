@@ -21,6 +21,7 @@ from engine.decoding.drafters import (
     NoDrafter,
     SuffixDrafter,
     common_prefix_length,
+    copy_acceptance_prior,
 )
 from engine.decoding.speculative import generate, planner_for
 from engine.decoding.verify_cost import VerifyCostCurve
@@ -93,8 +94,9 @@ class ChatEngine(CompiledPaths):
             if draft is not None:
                 runner, target = make_runner(draft.model, draft.device, self.compiled), self._runner
                 donor = target if shares_cache_layout(target, runner) else None  # it reads prompts from it
+                prior = copy_acceptance_prior(self.target, draft)
                 self._model_drafter = ModelDrafter(
-                    runner, target.vocab_size, draft.name, target.device, donor
+                    runner, target.vocab_size, draft.name, target.device, donor, prior
                 )
 
     def reset(self) -> None:

@@ -181,3 +181,18 @@ def test_forget_history_empties_the_suffix_index(target):
     assert engine._suffix.history_entries > 0
     engine.forget_history()
     assert engine._suffix.history_entries == 0
+
+
+def test_a_quantized_copy_starts_from_its_checked_agreement_with_the_target(tiny_model_dir, target):
+    """The copy's check against the float model measured how often its top-1 token is the target's:
+    adaptive K starts from that, not from a coin flip. Another draft model's check says nothing
+    about the target, so it starts from the default prior."""
+    from engine.decoding.speculative import acceptance_for
+    from engine.models.pair import load_pair
+
+    float_target, copy = load_pair(str(tiny_model_dir), None, device="cpu", quantization="int8")
+    agreement = copy.info["kernel_check"]["agreement"]
+    drafter = ChatEngine(float_target, copy)._model_drafter
+    assert drafter.acceptance_prior == (min(agreement, 0.98),) * 2
+    assert acceptance_for(drafter).conditional()[0] == pytest.approx(min(agreement, 0.98))
+    assert ChatEngine(float_target, target)._model_drafter.acceptance_prior is None

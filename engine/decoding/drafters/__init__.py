@@ -9,7 +9,7 @@ from engine.decoding.drafters.base import (
     common_prefix_length,
     empty_draft,
 )
-from engine.decoding.drafters.model import ModelDrafter
+from engine.decoding.drafters.model import ModelDrafter, copy_acceptance_prior
 from engine.decoding.drafters.ngram import NgramDrafter
 from engine.decoding.drafters.plain import NoDrafter
 from engine.decoding.drafters.suffix import SuffixDrafter
@@ -25,5 +25,6 @@ __all__ = [
     "NoDrafter",
     "SuffixDrafter",
     "common_prefix_length",
+    "copy_acceptance_prior",
     "empty_draft",
 ]

@@ -13,6 +13,23 @@ from engine.runtime.cache_transfer import copy_cache
 from engine.runtime.eager import ModelRunner
 from engine.settings import SamplingSettings
 
+# a prior, not a certainty: one rejected token must still move it
+MAX_PRIOR = 0.98
+
+
+def copy_acceptance_prior(target, draft) -> tuple[float, float] | None:
+    """(p_0, p_after_accept) adaptive K starts from for `draft` (LoadedModels), where it is a quantized
+    copy of the float target: its check against the float model on probe text (engine.models.quant_check)
+    measured top-1 agreement, which is the share of its greedy tokens the target keeps. Without it
+    a copy kept 96 % of the time started from a coin flip, and on a fresh start `auto` let the
+    draft head, whose first rounds happened to be kept, draft the first dozen rounds of the first
+    reply. None for any other draft: its check compared it with its own float model, not the target."""
+    agreement = (draft.info.get("kernel_check") or {}).get("agreement")
+    if draft.spec != target.spec or target.quantization != "none" or not agreement:
+        return None
+    prior = min(float(agreement), MAX_PRIOR)
+    return prior, prior
+
 
 class ModelDrafter(Drafter):
     """A smaller causal LM (possibly quantized) with its own KV cache, sampling with the target's warpers."""
@@ -22,10 +39,12 @@ class ModelDrafter(Drafter):
 
     def __init__(
         self, runner: ModelRunner, target_vocab_size: int, name: str = "draft", target_device=None,
-        cache_donor=None,
+        cache_donor=None, acceptance_prior: tuple[float, float] | None = None,
     ):  # fmt: skip
         """`cache_donor`: the target's runner, where its cache layout is the draft's (a quantized copy,
-        engine.runtime.cache_transfer): the draft then reads skipped tokens, a prompt above all, from it."""
+        engine.runtime.cache_transfer): the draft then reads skipped tokens, a prompt above all, from it.
+        `acceptance_prior`: what adaptive K assumes before measuring (copy_acceptance_prior)."""
+        self.acceptance_prior = acceptance_prior
         self.runner = runner
         self.cache_donor = cache_donor
         self.target_vocab_size = target_vocab_size

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.cpu_features import has_avx2
+from engine.models.cpu_features import cpu_flags, has_avx2
 from engine.runtime.fused_layer import kernel_name, layer_kernel_unavailable_reason
+from engine.runtime.row_linear import EXACT_ROWS
 from engine.runtime.static_forward import FastLlama
 
 pytestmark = pytest.mark.skipif(
@@ -15,6 +16,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 SLOTS = 64
+# Every code path this CPU can run, not only the one it would pick: an AVX-512 machine checks the
+# AVX2 path that AVX2-only machines take.
+FLOAT_PATHS = ["avx2"] + (["avx512"] if "avx512f" in cpu_flags() else [])
+BLOCK_PATHS = ["avx2"] + (["vnni"] if {"avx512_vnni", "avx512vl"} <= cpu_flags() else [])
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +62,18 @@ def one_call(fast: FastLlama, on: bool) -> None:
         cache.v_cache.zero_()
 
 
+def on_path(fast: FastLlama, path: str) -> None:
+    """Every layer of `fast` on the kernels' code path `path`, float or block-quantized."""
+    from engine.models.block_quant import BlockQuantLinear
+
+    for layer in fast.fused:
+        if layer.qkv_quant is None:
+            layer.linear_path = path
+        for module in (layer.qkv_quant, layer.gate_up_quant, layer.o_proj, layer.down_proj):
+            if isinstance(module, BlockQuantLinear):
+                module.path = path
+
+
 def prompt_then_steps(fast: FastLlama, ids: torch.Tensor, prompt: int) -> torch.Tensor:
     """Logits of a prompt forward over ids[:prompt], then one-token steps over the rest."""
     with torch.inference_mode():
@@ -68,11 +85,13 @@ def prompt_then_steps(fast: FastLlama, ids: torch.Tensor, prompt: int) -> torch.
     return torch.cat(rows)
 
 
+@pytest.mark.parametrize("path", FLOAT_PATHS)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_one_call_computes_the_layer_as_its_ops_do_and_writes_the_same_cache(family):
+def test_one_call_computes_the_layer_as_its_ops_do_and_writes_the_same_cache(family, path):
     model = tiny_model(family)
     fast = FastLlama(model, SLOTS)
     assert fast.row_attention and fast.fused is not None and all(layer.one_call for layer in fast.fused)
+    on_path(fast, path)
     ids = torch.randint(0, 300, (1, 23), generator=torch.Generator().manual_seed(1))
     one_call(fast, False)
     expected = prompt_then_steps(fast, ids, 15)
@@ -95,9 +114,12 @@ def all_rows_in_one_forward(fast, ids) -> torch.Tensor:
         return fast.logits(hidden)[0]
 
 
-def test_rows_at_once_are_the_one_token_steps_bit_for_bit():
+@pytest.mark.parametrize("path", FLOAT_PATHS)
+def test_rows_at_once_are_the_one_token_steps_bit_for_bit(path):
     fast = FastLlama(tiny_model("llama", seed=2), SLOTS)
-    ids = torch.randint(0, 300, (1, 20), generator=torch.Generator().manual_seed(3))
+    on_path(fast, path)
+    rows = min(20, EXACT_ROWS[path])  # the most rows a call of this path computes row by row
+    ids = torch.randint(0, 300, (1, rows), generator=torch.Generator().manual_seed(3))
     one_call(fast, True)
     steps = prompt_then_steps(fast, ids, 1)
     one_call(fast, True)
@@ -155,14 +177,16 @@ def block_quantized(model, bits: int):
     return model
 
 
+@pytest.mark.parametrize("path", BLOCK_PATHS)
 @pytest.mark.parametrize("bits", [4, 8])
-def test_block_quantized_layers_run_in_one_call_and_their_rows_stay_exact(bits):
+def test_block_quantized_layers_run_in_one_call_and_their_rows_stay_exact(bits, path):
     from engine.models.block_quant import build_error
 
     assert build_error() is None, build_error()
     model = block_quantized(tiny_model("qwen2", seed=6, intermediate=192), bits)
     fast = FastLlama(model, SLOTS)
     assert fast.fused is not None and all(layer.one_call for layer in fast.fused), fast.unfused_reason
+    on_path(fast, path)
     ids = torch.randint(0, 300, (1, 20), generator=torch.Generator().manual_seed(7))
     one_call(fast, False)
     op_by_op = prompt_then_steps(fast, ids, 1)

@@ -103,8 +103,9 @@ def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> 
     )
     progress("Preparing the engine", 0, 1)
     engine = ChatEngine(
-        target, draft, speculation=request.speculation, sampling=request.sampling, compiled=request.compiled
-    )
+        target, draft, speculation=request.speculation, sampling=request.sampling, compiled=request.compiled,
+        remember_drafters=True,
+    )  # fmt: skip
     engine.tree_graph_later = True  # built after "Ready" (EngineWorker._build_tree_graph)
     engine.prepare(progress)
     info = EngineInfo(

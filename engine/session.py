@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Callable
 
 from engine.compiled_paths import CompiledPaths
+from engine.decoding import drafter_memory
 from engine.decoding.adaptive import DraftPlanner
 from engine.decoding.drafters import (
     AutoDrafter,
@@ -53,9 +54,13 @@ class ChatEngine(CompiledPaths):
         speculation: SpeculationSettings | None = None,
         sampling: SamplingSettings | None = None,
         compiled: str = "auto",
+        remember_drafters: bool = False,
     ):
+        """`remember_drafters`: begin from what an earlier start measured of each drafter, and keep
+        what this one measures (engine.decoding.drafter_memory), as the app and `chat` / `serve` do."""
         self.target = target
         self.compiled = compiled
+        self.remember_drafters = remember_drafters
         self.speculation = speculation or SpeculationSettings()
         self.sampling = sampling or SamplingSettings()
         self._runner = make_runner(target.model, target.device, compiled, COMPILED_VERIFY_SIZES)
@@ -150,6 +155,8 @@ class ChatEngine(CompiledPaths):
                     on_event(Failed(f"Generation failed: {error}", traceback.format_exc()))
                 raise
             self._cached_tokens = list(prompt_ids) + list(finished.token_ids)
+            if self.remember_drafters and drafter_memory.enabled():
+                drafter_memory.remember(planner, self._drafter_memory_key())
             lead = min(SUFFIX_HISTORY_LEAD, len(prompt_ids))
             reply = prompt_ids[len(prompt_ids) - lead :] + list(finished.token_ids)
             self._suffix.add_history(reply, start=lead)
@@ -331,11 +338,21 @@ class ChatEngine(CompiledPaths):
         identity = tuple(id(member) for member in members)
         kept = self._planners.get(drafter.name)
         if kept is None or kept[0] != identity:
-            planner = planner_for(drafter, speculation, self._verify_curve, kept[1] if kept else None)
+            previous = kept[1] if kept else None
+            planner = planner_for(drafter, speculation, self._verify_curve, previous)
+            if self.remember_drafters and drafter_memory.enabled():
+                # the drafters new to this planner begin from what an earlier start measured of them
+                inherited = {id(member) for member in previous.drafters} if previous else set()
+                new = {member.name for member in planner.drafters if id(member) not in inherited}
+                drafter_memory.recall(planner, self._drafter_memory_key(), only=new)
             kept = self._planners[drafter.name] = (identity, planner)
         for _, controller in kept[1].members:
             controller.speculation = speculation
         return kept[1]
+
+    def _drafter_memory_key(self) -> str:
+        head = repr(self._head[0]) if self._head is not None else ""
+        return drafter_memory.memory_key(self.target, self.draft, head)
 
     def _forget_caches(self) -> None:
         self._runner.reset()

@@ -8,6 +8,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # No background builds of the compiled path from the commands and engines tests start (each would
 # run a compiling helper process); the tests of compilation lift this themselves.
 os.environ.setdefault("TANDEM_COMPILE", "off")
+# Every engine starts from nothing: no test learns which drafter pays from another
+# (engine.decoding.drafter_memory); its own tests lift this.
+os.environ.setdefault("TANDEM_DRAFTER_MEMORY", "off")
 # Tandem's C++ kernels are built once for the whole run, also for the processes tests start with a
 # cache folder of their own (engine.models.native_ops).
 if "TANDEM_NATIVE_DIR" not in os.environ:

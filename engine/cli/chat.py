@@ -185,7 +185,9 @@ def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSetti
         if args.message is not None and args.compiled == "auto" and target.device.type == "cpu"
         else args.compiled
     )
-    engine = ChatEngine(target, draft, speculation=speculation, sampling=sampling, compiled=compiled)
+    engine = ChatEngine(
+        target, draft, speculation=speculation, sampling=sampling, compiled=compiled, remember_drafters=True
+    )
     if speculation.drafter == "head" and ":" in args.draft:
         engine.head_source = args.draft.split(":", 1)[1]
     progress = ProgressBar()

@@ -100,7 +100,14 @@ def build_serving_engine(args, speculation, sampling):
         )
     finally:
         progress.close()
-    engine = ChatEngine(target, draft, speculation=speculation, sampling=sampling, compiled=args.compiled)
+    engine = ChatEngine(
+        target,
+        draft,
+        speculation=speculation,
+        sampling=sampling,
+        compiled=args.compiled,
+        remember_drafters=True,
+    )
     progress = ProgressBar()
     try:
         engine.prepare(progress)

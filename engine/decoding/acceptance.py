@@ -151,6 +151,18 @@ class AcceptanceModel:
         counts = self._all if condition is None else self._by_condition.get(condition)
         return counts.decided[0] if counts is not None else 0.0
 
+    def counts(self) -> dict[str, list[float]]:
+        """The drafter's (decayed) counts per position, over every condition: what a later start
+        can begin from (engine.decoding.drafter_memory)."""
+        return {"accepted": list(self._all.accepted), "decided": list(self._all.decided)}
+
+    def set_counts(self, accepted: list[float], decided: list[float]) -> None:
+        """Begins from counts another start measured; the next reply holds them as loosely as it
+        holds any earlier reply's (start_reply)."""
+        n = self.positions
+        self._all.accepted = [float(a) for a in accepted[:n]] + [0.0] * (n - len(accepted[:n]))
+        self._all.decided = [float(d) for d in decided[:n]] + [0.0] * (n - len(decided[:n]))
+
     @property
     def first_position_rate(self) -> float:
         return self.conditional()[0]

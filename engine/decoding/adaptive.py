@@ -84,7 +84,7 @@ class KController:
         self.calibration = ConfidenceCalibration()
         self.empty_share = 0.0
         self._probe_interval, self._since_probe, self._probing = probe_every, 0, False
-        self._fastest_draft_step_s, self._draft_steps_seen = float("inf"), 0
+        self.fastest_draft_step_s, self.draft_steps_seen = float("inf"), 0
         self._side_won = self._side_chances = 0.0  # decayed: side nodes kept, and rounds that had the chance
 
     @classmethod
@@ -123,10 +123,10 @@ class KController:
         fastest draft step measured (one slow step, such as a GPU graph's first capture, must not
         condemn a drafter). A draft whose step costs about a target step never can (the target
         drafting for itself on a GPU, where verifying 5 tokens costs 1.07 steps)."""
-        if self._draft_steps_seen < 2:
+        if self.draft_steps_seen < 2:
             return True
         for k in range(1, cap + 1):
-            cost = self.curve.estimate(k + 1) + k * self._fastest_draft_step_s
+            cost = self.curve.estimate(k + 1) + k * self.fastest_draft_step_s
             if (k + 1) / cost > plain_rate * (1 + self.margin):
                 return True
         return False
@@ -249,8 +249,8 @@ class KController:
         self.acceptance.observe(drafted, accepted, condition)
         step = draft_s / drafted
         self.draft_step_s = step if self.draft_step_s is None else 0.8 * self.draft_step_s + 0.2 * step
-        self._fastest_draft_step_s = min(self._fastest_draft_step_s, step)
-        self._draft_steps_seen += 1
+        self.fastest_draft_step_s = min(self.fastest_draft_step_s, step)
+        self.draft_steps_seen += 1
 
     def expected_rate(self, k: int, condition=None, optimism: float = 0.0) -> float | None:
         """Tokens per second expected with K = k (under `condition`, for a lookup drafter); with

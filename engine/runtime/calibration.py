@@ -101,7 +101,8 @@ def calibration_key(loaded, runner) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def _read(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`; {} when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -111,7 +112,7 @@ def _read(path: Path) -> dict:
 
 def load(key: str, path: Path | None = None, now: float | None = None) -> dict[int, float] | None:
     """The stored curve {n: seconds} for key, or None when absent, stale or malformed."""
-    entry = _read(path or cache_path()).get(key)
+    entry = read_json(path or cache_path()).get(key)
     now = time.time() if now is None else now
     try:
         if now - float(entry["measured_at"]) > MAX_AGE_S:
@@ -137,16 +138,26 @@ def save(key: str, seconds: dict[int, float], path: Path | None = None) -> None:
     other keys in the file are kept. Never raises for a read-only cache."""
     make_sane(seconds)
     path = path or cache_path()
-    data = _read(path)
+    data = read_json(path)
     data[key] = {"seconds": {str(n): s for n, s in sorted(seconds.items())}, "measured_at": time.time()}
+    write_json(path, data)  # on failure the next start measures again
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Writes `data` to `path` atomically (a temporary file, then a rename); never raises for a
+    read-only or full cache."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temp = tempfile.mkstemp(prefix=".calibration-", dir=path.parent)
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump(data, file, indent=1)
-        os.replace(temp, path)
+        handle, temp = tempfile.mkstemp(prefix=f".{path.stem}-", dir=path.parent)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                json.dump(data, file, indent=1)
+            os.replace(temp, path)
+        except OSError:
+            Path(temp).unlink(missing_ok=True)
+            raise
     except OSError:
-        pass  # the next start measures again
+        pass
 
 
 def shape_agrees(stored: dict[int, float], now: dict[int, float]) -> bool:

@@ -630,3 +630,42 @@ def test_a_new_planner_keeps_what_its_unchanged_drafters_measured():
     second.inherit(first)
     assert second.members[1][1] is first.members[0][1]
     assert second.members[0][1] is not first.members[0][1]
+
+
+def test_a_copy_whose_probe_lost_its_second_token_is_not_held_at_one_token():
+    """A quantized copy starts from its check's agreement (0.98), worth a few rounds. Its first round
+    drafts two tokens and loses the second; every round after keeps all it drafts. At the weight of a
+    guess, that one rejection halved the second position's estimate and K stayed at 1 for the rest of
+    the reply, as rounds of one token never decide the second position again."""
+    from engine.decoding.drafters.model import CHECKED_PRIOR_WEIGHT
+    from engine.decoding.speculative import acceptance_for
+
+    class CheckedCopy(Drafter):
+        acceptance_prior = (0.98, 0.98)
+        acceptance_prior_weight = CHECKED_PRIOR_WEIGHT
+
+    class GuessedCopy(CheckedCopy):
+        acceptance_prior_weight = 1.0
+
+    curve = curve_of({1: 0.020, 2: 0.021, 3: 0.0215, 4: 0.022, 5: 0.0225, 8: 0.024, 9: 0.030})
+
+    def chosen_ks(drafter) -> list[int]:
+        k = KController(SpeculationSettings(), curve, acceptance=acceptance_for(drafter))
+        k.start_reply()
+        ks = []
+        for round_ in range(8):
+            chosen = k.choose(limit=100)
+            ks.append(chosen)
+            accepted = 1 if round_ == 0 else chosen
+            k.observe(
+                chosen,
+                drafted=chosen,
+                accepted=accepted,
+                draft_s=0.009 * chosen,
+                verify_s=curve.estimate(chosen + 1),
+            )
+        return ks
+
+    checked = chosen_ks(CheckedCopy())
+    assert checked[0] == KController.PROBE_K and min(checked[2:]) >= 4, checked
+    assert max(chosen_ks(GuessedCopy())[1:]) == 1  # the trap, at a guess's weight

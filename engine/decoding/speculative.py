@@ -210,7 +210,9 @@ def acceptance_for(drafter: Drafter) -> AcceptanceModel:
     if drafter.acceptance_prior is None:
         return AcceptanceModel()
     first, after_accept = drafter.acceptance_prior
-    return AcceptanceModel(prior=first, prior_after_accept=after_accept)
+    return AcceptanceModel(
+        prior=first, prior_after_accept=after_accept, prior_weight=drafter.acceptance_prior_weight
+    )
 
 
 PREFILL_CHUNK = 512  # prompt tokens per target forward; cancelling is checked between chunks

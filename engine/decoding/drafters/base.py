@@ -57,6 +57,9 @@ class Drafter:
     # and of each later one once the one before was kept (None: AcceptanceModel's defaults, which suit
     # lookup drafters, right for many tokens or wrong at the first)
     acceptance_prior: tuple[float, float] | None = None
+    # how many rounds' worth that prior is (AcceptanceModel's prior_weight): 1 for a guess; more for
+    # a figure measured before drafting, such as a quantized copy's check
+    acceptance_prior_weight = 1.0
     # a drafter that stops each proposal where its own confidence says the next token would not pay
     # (engine.decoding.confidence): adaptive K sets `stop_rule` before each round and reads back
     # `last_confidences`, the top probability behind each token proposed

@@ -15,6 +15,11 @@ from engine.settings import SamplingSettings
 
 # a prior, not a certainty: one rejected token must still move it
 MAX_PRIOR = 0.98
+# The check's figure counts as this many rounds. At the weight of a guess (1), a first round that
+# drafted two tokens and lost the second halved the second position's estimate, and adaptive K held
+# a copy kept 96 % of the time at K = 1 for the rest of the reply: rounds of one token never decide
+# the second position again (traced in a fresh start's first reply: ten such rounds in a row).
+CHECKED_PRIOR_WEIGHT = 4.0
 
 
 def copy_acceptance_prior(target, draft) -> tuple[float, float] | None:
@@ -43,8 +48,11 @@ class ModelDrafter(Drafter):
     ):  # fmt: skip
         """`cache_donor`: the target's runner, where its cache layout is the draft's (a quantized copy,
         engine.runtime.cache_transfer): the draft then reads skipped tokens, a prompt above all, from it.
-        `acceptance_prior`: what adaptive K assumes before measuring (copy_acceptance_prior)."""
+        `acceptance_prior`: what adaptive K assumes before measuring, from a quantized copy's check
+        (copy_acceptance_prior), worth CHECKED_PRIOR_WEIGHT rounds."""
         self.acceptance_prior = acceptance_prior
+        if acceptance_prior is not None:
+            self.acceptance_prior_weight = CHECKED_PRIOR_WEIGHT
         self.runner = runner
         self.cache_donor = cache_donor
         self.target_vocab_size = target_vocab_size

@@ -144,20 +144,18 @@ def save(key: str, seconds: dict[int, float], path: Path | None = None) -> None:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Writes `data` to `path` atomically (a temporary file, then a rename); never raises for a
-    read-only or full cache."""
+    """Writes `data` to `path` atomically (a temporary file, then a rename). A read-only or full
+    cache leaves the file as it was, without an error: the caller measures or learns again."""
+    temp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temp = tempfile.mkstemp(prefix=f".{path.stem}-", dir=path.parent)
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as file:
-                json.dump(data, file, indent=1)
-            os.replace(temp, path)
-        except OSError:
-            Path(temp).unlink(missing_ok=True)
-            raise
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump(data, file, indent=1)
+        os.replace(temp, path)
     except OSError:
-        pass
+        if temp is not None:
+            Path(temp).unlink(missing_ok=True)
 
 
 def shape_agrees(stored: dict[int, float], now: dict[int, float]) -> bool:

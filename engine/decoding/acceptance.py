@@ -151,6 +151,10 @@ class AcceptanceModel:
         counts = self._all if condition is None else self._by_condition.get(condition)
         return counts.decided[0] if counts is not None else 0.0
 
+    def decided(self, position: int) -> float:
+        """Decayed number of rounds that decided draft position `position` (0-based), over every condition."""
+        return self._all.decided[position] if position < self.positions else 0.0
+
     def counts(self) -> dict[str, list[float]]:
         """The drafter's (decayed) counts per position, over every condition: what a later start
         can begin from (engine.decoding.drafter_memory)."""

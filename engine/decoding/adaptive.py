@@ -62,6 +62,11 @@ class KController:
     # a side node must be expected to pay at least this share more than it costs: a tree's price and a
     # chain's are timed apart, in different rounds, and on a CPU each is a few per cent off
     TREE_MARGIN = 0.03
+    # After STRETCH_AFTER rounds in a row kept every token they drafted, a round drafts one token past
+    # the chosen K where fewer than THIN_EVIDENCE (decayed) rounds stand behind that position's estimate.
+    # Rounds that keep all K tokens never decide position K: one early rejection there would otherwise
+    # hold K below it for as long as the decay takes to forget that round.
+    STRETCH_AFTER, THIN_EVIDENCE = 2, 1.5
 
     def __init__(
         self,
@@ -86,6 +91,7 @@ class KController:
         self._probe_interval, self._since_probe, self._probing = probe_every, 0, False
         self.fastest_draft_step_s, self.draft_steps_seen = float("inf"), 0
         self._side_won = self._side_chances = 0.0  # decayed: side nodes kept, and rounds that had the chance
+        self._kept_all_streak = 0  # rounds in a row that kept every token they drafted
 
     @classmethod
     def for_drafter(
@@ -113,7 +119,7 @@ class KController:
             return min(self.PROBE_K, cap)
         self.plain = best_rate <= plain_rate * (1 + self.margin)
         if not self.plain:
-            return best_k
+            return self.stretch(best_k, cap)
         if not self.could_win(cap, plain_rate):  # a probe can only lose: once in MAX_PROBE_INTERVAL rounds
             self._probe_interval = self.MAX_PROBE_INTERVAL
         return self.probe_k(best_k, cap) if self.due_probe() else 0
@@ -198,6 +204,15 @@ class KController:
         self._since_probe, self._probing = 0, True
         return True
 
+    def stretch(self, k: int, cap: int) -> int:
+        """k, or k + 1 where the rounds kept everything lately and position k is barely measured."""
+        if self._kept_all_streak < self.STRETCH_AFTER or k >= cap:
+            return k
+        if self.acceptance.decided(k) >= self.THIN_EVIDENCE:
+            return k
+        self._kept_all_streak = 0
+        return k + 1
+
     def probe_k(self, best_k: int, cap: int) -> int:
         """One position past the best K, so the next position gets measured too, but no longer than
         a verify that costs at most PROBE_COST single steps: on a CPU, where t(4) can be 1.5 t(1),
@@ -246,6 +261,7 @@ class KController:
             self._probing = False
         if drafted == 0:
             return
+        self._kept_all_streak = self._kept_all_streak + 1 if accepted >= drafted else 0
         self.acceptance.observe(drafted, accepted, condition)
         step = draft_s / drafted
         self.draft_step_s = step if self.draft_step_s is None else 0.8 * self.draft_step_s + 0.2 * step
@@ -413,7 +429,11 @@ class DraftPlanner:
         first = self.members[0][1]
         plain_rate = first.expected_rate(0) or 0.0
         self.plain = best.rate <= plain_rate * (1 + first.margin)
-        chosen = None if self.plain else best
+        chosen = None
+        if not self.plain:
+            chosen, controller = best, self.members[best.index][1]
+            if controller.speculation.adaptive:
+                best.k = controller.stretch(best.k, best.cap)
         for option in options:  # the members sitting this round out count towards their next probe
             controller = self.members[option.index][1]
             if option is chosen or not controller.speculation.adaptive:

@@ -56,10 +56,11 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 # Raised whenever FastLlama.forward's graph, or the set of graphs a runner builds, changes (5: the
-# token-tree graph; 6: a layer on Tandem's kernels in one call, engine.runtime.fused_layer): a
+# token-tree graph; 6: a layer on Tandem's kernels in one call, engine.runtime.fused_layer; 7: without
+# inductor's per-call size asserts, engine.runtime.compile_cache): a
 # compile build's marker (engine.runtime.compile_build) names the version it built, so new graphs
 # are built in the background again instead of compiled from a cold cache before "Ready".
-GRAPH_VERSION = 6
+GRAPH_VERSION = 7
 
 
 class FastLlama(nn.Module):

@@ -106,6 +106,21 @@ def test_limit_takes_categories_in_turn_and_categories_filter():
         bench_prompts.select_prompts(prompts, limit=0)
 
 
+def test_min_turns_keeps_the_multi_turn_questions():
+    prompts = [bench_prompts.BenchPrompt(i, cat, ("x",) * turns) for i, (cat, turns) in enumerate(
+        [("a", 1), ("a", 2), ("b", 3), ("b", 1)]
+    )]  # fmt: skip
+    assert [p.question_id for p in bench_prompts.select_prompts(prompts, min_turns=2)] == [1, 2]
+    assert [p.question_id for p in bench_prompts.select_prompts(prompts, ["b"], min_turns=2)] == [2]
+    assert len(bench_prompts.select_prompts(prompts)) == 4
+    with pytest.raises(SettingsError, match="No question has 4 turns; the longest has 3"):
+        bench_prompts.select_prompts(prompts, min_turns=4)
+    with pytest.raises(SettingsError, match="at least 1"):
+        bench_prompts.select_prompts(prompts, min_turns=0)
+    shipped = bench_prompts.load_prompts(bench_prompts.default_prompts_path())
+    assert len(bench_prompts.select_prompts(shipped, min_turns=2)) >= 3
+
+
 # ---- methods -----------------------------------------------------------------------------------
 
 

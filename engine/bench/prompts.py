@@ -84,10 +84,15 @@ def check_unique_ids(prompts: list[BenchPrompt], lines: list[str], path: Path) -
 
 
 def select_prompts(
-    prompts: list[BenchPrompt], categories: list[str] | None = None, limit: int | None = None
+    prompts: list[BenchPrompt],
+    categories: list[str] | None = None,
+    limit: int | None = None,
+    min_turns: int = 1,
 ) -> list[BenchPrompt]:
-    """Keeps the given categories; `limit` takes prompts from each category in turn, so a small
-    sample still spans the categories."""
+    """Keeps the given categories and the questions of at least `min_turns` user turns; `limit` takes
+    prompts from each category in turn, so a small sample still spans the categories."""
+    if min_turns < 1:
+        raise SettingsError(f"--min-turns must be at least 1, not {min_turns}.")
     if categories:
         known = {p.category for p in prompts}
         unknown = [c for c in categories if c not in known]
@@ -97,6 +102,11 @@ def select_prompts(
                 f"the file has {', '.join(sorted(known))}."
             )
         prompts = [p for p in prompts if p.category in categories]
+    if min_turns > 1:
+        longest = max((len(p.turns) for p in prompts), default=0)
+        if longest < min_turns:
+            raise SettingsError(f"No question has {min_turns} turns; the longest has {longest}.")
+        prompts = [p for p in prompts if len(p.turns) >= min_turns]
     if limit is None or limit >= len(prompts):
         return list(prompts)
     if limit < 1:

@@ -56,6 +56,12 @@ def add_bench_parser(subparsers) -> None:
         "--limit", type=int, default=None, help="at most N prompts, taken from each category in turn"
     )
     parser.add_argument("--categories", default=None, help="comma list of categories to keep")
+    parser.add_argument(
+        "--min-turns",
+        type=int,
+        default=1,
+        help="only questions of at least N user turns (2: multi-turn chats)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of the first prompt per method")
     parser.add_argument(
         "--repeat",
@@ -188,6 +194,7 @@ def bench_config(args, prompts_path, prompts, methods, k_values, hf: HFSettings)
         "turn_count": sum(len(p.turns) for p in prompts),
         "categories": sorted({p.category for p in prompts}),
         "limit": args.limit,
+        "min_turns": args.min_turns,
         "target": args.target,
         "draft": args.draft if args.draft else "quantized copy of the target",
         "quant": args.quant,
@@ -280,7 +287,9 @@ def run_bench(args) -> int:
         check_writable(args.json_path)  # before the benchmark, not after it
     prompts_path = args.prompts or bench_prompts.default_prompts_path()
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
-    prompts = bench_prompts.select_prompts(bench_prompts.load_prompts(prompts_path), categories, args.limit)
+    prompts = bench_prompts.select_prompts(
+        bench_prompts.load_prompts(prompts_path), categories, args.limit, args.min_turns
+    )
     k_values = bench_methods.parse_k_values(args.k)
     methods = bench_methods.expand_methods(chosen_method_kinds(args), k_values)
     args.top_k, args.top_p = 0, 1.0

@@ -632,6 +632,27 @@ def test_a_new_planner_keeps_what_its_unchanged_drafters_measured():
     assert second.members[0][1] is not first.members[0][1]
 
 
+TRAP_CURVE = {1: 0.020, 2: 0.021, 3: 0.0215, 4: 0.022, 5: 0.0225, 8: 0.024, 9: 0.030}
+
+
+def ks_after_losing_the_second_token_once(acceptance=None, rounds: int = 8) -> list[int]:
+    """The K adaptive K chooses, round by round, for a drafter whose first round loses its second
+    token and whose every later round keeps all it drafts (9 ms a draft token)."""
+    curve = curve_of(TRAP_CURVE)
+    k = KController(SpeculationSettings(), curve, acceptance=acceptance)
+    k.start_reply()
+    ks = []
+    for round_ in range(rounds):
+        chosen = k.choose(limit=100)
+        ks.append(chosen)
+        accepted = 1 if round_ == 0 else chosen
+        k.observe(
+            chosen, drafted=chosen, accepted=accepted, draft_s=0.009 * chosen,
+            verify_s=curve.estimate(chosen + 1),
+        )  # fmt: skip
+    return ks
+
+
 def test_a_copy_whose_probe_lost_its_second_token_is_not_held_at_one_token(monkeypatch):
     """A quantized copy starts from its check's agreement (0.98), worth a few rounds. Its first round
     drafts two tokens and loses the second; every round after keeps all it drafts. At the weight of a
@@ -647,53 +668,17 @@ def test_a_copy_whose_probe_lost_its_second_token_is_not_held_at_one_token(monke
     class GuessedCopy(CheckedCopy):
         acceptance_prior_weight = 1.0
 
-    curve = curve_of({1: 0.020, 2: 0.021, 3: 0.0215, 4: 0.022, 5: 0.0225, 8: 0.024, 9: 0.030})
-
-    def chosen_ks(drafter) -> list[int]:
-        k = KController(SpeculationSettings(), curve, acceptance=acceptance_for(drafter))
-        k.start_reply()
-        ks = []
-        for round_ in range(8):
-            chosen = k.choose(limit=100)
-            ks.append(chosen)
-            accepted = 1 if round_ == 0 else chosen
-            k.observe(
-                chosen,
-                drafted=chosen,
-                accepted=accepted,
-                draft_s=0.009 * chosen,
-                verify_s=curve.estimate(chosen + 1),
-            )
-        return ks
-
-    checked = chosen_ks(CheckedCopy())
+    checked = ks_after_losing_the_second_token_once(acceptance_for(CheckedCopy()))
     assert checked[0] == KController.PROBE_K and min(checked[2:]) >= 4, checked
     monkeypatch.setattr(KController, "STRETCH_AFTER", 10**9)  # without the stretch (the next test)
-    assert max(chosen_ks(GuessedCopy())[1:]) == 1  # the trap, at a guess's weight
+    assert max(ks_after_losing_the_second_token_once(acceptance_for(GuessedCopy()))[1:]) == 1
 
 
 def test_a_drafter_without_a_measured_prior_is_not_held_below_a_position_it_lost_once(monkeypatch):
     """A drafter with no figure before its first round (a lookup, a model that is not a copy) loses
     the second token of its first round and keeps everything after. Rounds that keep all K tokens
     never decide position K, so without a stretch K stays at 1 until the decay forgets that round."""
-
-    curve = curve_of({1: 0.020, 2: 0.021, 3: 0.0215, 4: 0.022, 5: 0.0225, 8: 0.024, 9: 0.030})
-
-    def chosen_ks() -> list[int]:
-        k = KController(SpeculationSettings(), curve)
-        k.start_reply()
-        ks = []
-        for round_ in range(12):
-            chosen = k.choose(limit=100)
-            ks.append(chosen)
-            accepted = 1 if round_ == 0 else chosen
-            k.observe(
-                chosen, drafted=chosen, accepted=accepted, draft_s=0.009 * chosen,
-                verify_s=curve.estimate(chosen + 1),
-            )  # fmt: skip
-        return ks
-
-    stretched = chosen_ks()
+    stretched = ks_after_losing_the_second_token_once(rounds=12)
     assert stretched[0] == KController.PROBE_K and max(stretched[-4:]) >= 3, stretched
     monkeypatch.setattr(KController, "STRETCH_AFTER", 10**9)
-    assert max(chosen_ks()[1:]) == 1  # the trap, without the stretch
+    assert max(ks_after_losing_the_second_token_once(rounds=12)[1:]) == 1  # the trap, without the stretch

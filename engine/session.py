@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 from engine.compiled_paths import CompiledPaths
 from engine.decoding import drafter_memory
-from engine.decoding.adaptive import DraftPlanner
 from engine.decoding.drafters import (
     AutoDrafter,
     Drafter,
@@ -24,6 +23,7 @@ from engine.decoding.drafters import (
     common_prefix_length,
     copy_acceptance_prior,
 )
+from engine.decoding.planner import DraftPlanner
 from engine.decoding.speculative import generate, planner_for
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.errors import ContextOverflowError

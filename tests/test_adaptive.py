@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import pytest
 
 from engine.decoding.acceptance import AcceptanceModel
-from engine.decoding.adaptive import DraftPlanner, KController, expected_tokens
+from engine.decoding.adaptive import KController, expected_tokens
 from engine.decoding.drafters import Drafter, Lookahead
+from engine.decoding.planner import DraftPlanner
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.settings import SpeculationSettings
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine.decoding.adaptive import DraftPlanner, KController
+from engine.decoding.adaptive import KController
 from engine.decoding.drafters import NgramDrafter, SuffixDrafter
 from engine.decoding.drafters.base import Draft, Drafter
+from engine.decoding.planner import DraftPlanner
 from engine.decoding.speculative import generate, speculative_round
 from engine.decoding.tree import DraftTree, verify_tree, walk
 from engine.decoding.verify_cost import VerifyCostCurve

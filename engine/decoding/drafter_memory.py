@@ -24,7 +24,8 @@ import math
 import os
 from pathlib import Path
 
-from engine.decoding.adaptive import DraftPlanner, KController
+from engine.decoding.adaptive import KController
+from engine.decoding.planner import DraftPlanner
 from engine.paths import cache_dir
 from engine.runtime.calibration import machine_key, read_json, write_json
 

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.decoding.acceptance import AcceptanceModel
-from engine.decoding.adaptive import DraftPlanner, KController, Plan
+from engine.decoding.adaptive import KController
 from engine.decoding.detok import IncrementalDetokenizer
 from engine.decoding.drafters import AutoDrafter, Cancelled, Drafter, NoDrafter, empty_draft
+from engine.decoding.planner import DraftPlanner, Plan
 from engine.decoding.sampling import (
     PositionNoise,
     accept_reject,

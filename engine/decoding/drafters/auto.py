@@ -1,4 +1,4 @@
-"""Several drafters behind one name: each round, the planner (adaptive.DraftPlanner) lets the one
+"""Several drafters behind one name: each round, the planner (planner.DraftPlanner) lets the one
 with the best expected tokens per second draft, or none of them."""
 
 from __future__ import annotations

@@ -1,0 +1,173 @@
+"""Each round's drafter and K among several drafters (`--draft auto`): the member with the best
+expected tokens per second (engine.decoding.adaptive prices each one), or none."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from functools import partial
+
+from engine.decoding.adaptive import KController
+from engine.decoding.drafters.base import Drafter, Lookahead
+from engine.decoding.verify_cost import VerifyCostCurve
+
+
+@dataclass
+class Plan:
+    """One round's choice: which drafter drafts how many tokens, and the verify size to run."""
+
+    drafter: Drafter | None  # None: a plain step
+    controller: KController | None
+    k: int
+    condition: Hashable = None
+    verify_size: int = 1
+    # tree_room(d): the nodes, root included, a verify forward may hold when the drafter adds a tree's
+    # other branches to the d tokens it drafted (a drafter that stops by its confidence drafts fewer
+    # than k); None: chains only
+    tree_room: Callable[[int], int] | None = None
+
+    @property
+    def drafter_name(self) -> str:
+        return self.drafter.name if self.drafter is not None and self.k > 0 else "none"
+
+
+@dataclass
+class _Option:
+    index: int
+    k: int
+    rate: float | None  # expected tokens/s; None before the member was measured
+    condition: Hashable
+    cap: int
+
+
+class DraftPlanner:
+    """Chooses each round's drafter and K: the member with the best expected tokens per second, or
+    none when no member is expected to beat a plain step. One member: that drafter's adaptive K.
+
+    Members never measured are probed first; a member that is not chosen is probed on its own
+    controller's schedule (KController.due_probe), so each one can recover.
+    """
+
+    def __init__(self, members: list[tuple[Drafter, KController]], curve: VerifyCostCurve):
+        assert members, "a planner needs at least one drafter"
+        self.members, self.curve = members, curve
+        self.plain = False
+
+    @property
+    def drafters(self) -> list[Drafter]:
+        return [drafter for drafter, _ in self.members]
+
+    def plan(self, context: list[int], limit: int) -> Plan:
+        if len(self.members) == 1:
+            drafter, controller = self.members[0]
+            hint = drafter.peek(context) if limit > 0 else Lookahead(available=0)
+            k = controller.choose(limit, hint)
+            self.plain = controller.plain
+            return self._plan(self.members[0], k, hint.condition, limit)
+        return self._plan_among(context, limit)
+
+    def start_reply(self) -> None:
+        for _, controller in self.members:
+            controller.start_reply()
+
+    def inherit(self, previous: DraftPlanner) -> None:
+        """Takes over an earlier planner's controllers for the drafters both share (the same objects):
+        what they measured (acceptance, empty rounds, probe interval) stays. Starting over each time
+        another member changes (the n-gram drafter is new with each conversation) relearnt a losing
+        head within every reply, where a reply is too short to learn it."""
+        kept = {id(drafter): controller for drafter, controller in previous.members}
+        self.members = [(drafter, kept.get(id(drafter), controller)) for drafter, controller in self.members]
+
+    def observe(self, plan: Plan, result) -> None:
+        """`result`: a RoundResult (drafted, num_accepted, draft_s, verify_s, catch_up_s, verify_size)."""
+        if plan.controller is None or plan.k == 0:
+            self.curve.observe(result.verify_size, result.verify_s)
+            return
+        # the chain's acceptance is what the models measure: a side node kept is not its next token
+        kept = result.num_accepted if result.chain_accepted is None else result.chain_accepted
+        if plan.drafter.stop_rule is not None:  # a confidence drafter's round
+            plan.controller.calibration.observe(plan.drafter.last_confidences, kept)
+        plan.controller.observe(
+            plan.k, result.drafted, kept, result.draft_s - result.catch_up_s,
+            result.verify_s, plan.condition, result.verify_size, tree=result.tree_nodes > 0,
+            side_chance=result.side_chance, side_won=result.off_chain,
+        )  # fmt: skip
+
+    def note(self) -> str:
+        if len(self.members) == 1:
+            return self.members[0][1].note()
+        return "No drafter is expected to beat the target alone here; decoding plainly." if self.plain else ""
+
+    @property
+    def alpha(self) -> float:
+        return max(controller.alpha for _, controller in self.members)
+
+    @property
+    def draft_step_s(self) -> float | None:
+        return self.members[0][1].draft_step_s
+
+    def _plan(self, member, k: int, condition, limit: int) -> Plan:
+        drafter, controller = member
+        if k <= 0:
+            return Plan(None, None, 0, None, 1)
+        adaptive = controller.speculation.adaptive
+        if drafter.confidence_stops:
+            # the drafter stops token by token where its confidence says to; K is only the most it may draft
+            rule = (
+                controller.stop_rule(max(k, min(limit, controller.speculation.max_k))) if adaptive else None
+            )
+            drafter.stop_rule = rule
+            k = len(rule.verify_s) - 2 if rule is not None else k
+        size = self.curve.padded_size(k + 1, limit=limit + 1) if adaptive else k + 1
+        # A tree adds no emitted depth (only the cache must hold it), and is priced as a tree: padding
+        # rows are free on the chain's path, not on a tree's (its own graph), so padding gives no room.
+        room = partial(controller.tree_size, condition=condition) if controller.speculation.trees else None
+        return Plan(drafter, controller, k, condition, size, room)
+
+    def _plan_among(self, context: list[int], limit: int) -> Plan:
+        options: list[_Option] = []
+        for index, (drafter, controller) in enumerate(self.members):
+            hint = drafter.peek(context) if limit > 0 else Lookahead(available=0)
+            cap = min(limit, controller.speculation.max_k)
+            cap = cap if hint.available is None else min(cap, hint.available)
+            if cap <= 0:
+                continue
+            if not controller.speculation.adaptive:
+                k = min(controller.speculation.k, cap)
+                options.append(
+                    _Option(index, k, controller.expected_rate(k, hint.condition), hint.condition, cap)
+                )
+                continue
+            k, rate, _ = controller.best(cap, hint.condition)
+            measured = k is not None
+            options.append(
+                _Option(
+                    index, k or min(KController.PROBE_K, cap), rate if measured else None, hint.condition, cap
+                )
+            )
+        if not options:
+            self.plain = False
+            return Plan(None, None, 0, None, 1)
+        unmeasured = [option for option in options if option.rate is None]
+        if unmeasured:
+            return self._option_plan(unmeasured[0], limit)
+        best = max(options, key=lambda option: option.rate)
+        first = self.members[0][1]
+        plain_rate = first.expected_rate(0) or 0.0
+        self.plain = best.rate <= plain_rate * (1 + first.margin)
+        chosen = None
+        if not self.plain:
+            chosen, controller = best, self.members[best.index][1]
+            if controller.speculation.adaptive:
+                best.k = controller.stretch(best.k, best.cap)
+        for option in options:  # the members sitting this round out count towards their next probe
+            controller = self.members[option.index][1]
+            if option is chosen or not controller.speculation.adaptive:
+                continue
+            if controller.due_probe() and chosen is None:
+                option.k = controller.probe_k(option.k, option.cap)
+                chosen = option
+        return self._option_plan(chosen, limit) if chosen is not None else Plan(None, None, 0, None, 1)
+
+    def _option_plan(self, option: _Option, limit: int) -> Plan:
+        return self._plan(self.members[option.index], option.k, option.condition, limit)

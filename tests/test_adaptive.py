@@ -683,3 +683,33 @@ def test_a_drafter_without_a_measured_prior_is_not_held_below_a_position_it_lost
     assert stretched[0] == KController.PROBE_K and max(stretched[-4:]) >= 3, stretched
     monkeypatch.setattr(KController, "STRETCH_AFTER", 10**9)
     assert max(ks_after_losing_the_second_token_once(rounds=12)[1:]) == 1  # the trap, without the stretch
+
+
+def test_a_drafter_that_stops_by_its_confidence_is_priced_at_what_its_rounds_gave():
+    """A draft head keeps every token it drafts, but its confidence stops it after one token a round
+    (2 tokens in 23 ms: 87 tok/s). Priced for K tokens from its per-position acceptance it looked
+    worth about 108 tok/s, and `auto` gave it the rounds of a copy whose rounds give 8 tokens in
+    87 ms (92 tok/s). Its price is now capped by its rounds' real yield."""
+    curve = curve_of(TRAP_CURVE)
+
+    class Head(Drafter):
+        name, confidence_stops = "head", True
+
+    class Copy(Drafter):
+        name = "copy"
+
+    def planner(caps_by_yield: bool) -> DraftPlanner:
+        head = KController.for_drafter(Head(), SpeculationSettings(), curve)
+        head.caps_by_yield = caps_by_yield
+        copy = KController.for_drafter(Copy(), SpeculationSettings(), curve)
+        for _ in range(6):
+            head.observe(8, drafted=1, accepted=1, draft_s=0.002, verify_s=curve.estimate(2))
+            copy.observe(7, drafted=7, accepted=7, draft_s=0.063, verify_s=curve.estimate(8))
+        return DraftPlanner([(Head(), head), (Copy(), copy)], curve)
+
+    capped = planner(caps_by_yield=True)
+    head_controller = capped.members[0][1]
+    assert head_controller.measured_rate() == pytest.approx(2 / (0.002 + curve.estimate(2)))
+    assert head_controller.best(8)[1] == pytest.approx(head_controller.measured_rate())
+    assert capped.plan([1, 2, 3], limit=100).drafter_name == "copy"
+    assert planner(caps_by_yield=False).plan([1, 2, 3], limit=100).drafter_name == "head"

@@ -63,6 +63,11 @@ class KController:
     # Rounds that keep all K tokens never decide position K: one early rejection there would otherwise
     # hold K below it for as long as the decay takes to forget that round.
     STRETCH_AFTER, THIN_EVIDENCE = 2, 1.5
+    # A drafter that stops by its confidence drafts fewer tokens than the K it is priced at, so its
+    # price is capped by what its rounds really gave (tokens per second, decayed), once this many
+    # rounds stand behind that: priced for K tokens, the shipped head was worth 73-98 tok/s to `auto`
+    # where its rounds of one to three tokens gave about 65, and it drafted in place of the copy.
+    YIELD_ROUNDS = 3.0
 
     def __init__(
         self,
@@ -88,13 +93,17 @@ class KController:
         self.fastest_draft_step_s, self.draft_steps_seen = float("inf"), 0
         self._side_won = self._side_chances = 0.0  # decayed: side nodes kept, and rounds that had the chance
         self._kept_all_streak = 0  # rounds in a row that kept every token they drafted
+        self.caps_by_yield = False  # price capped by its rounds' real yield (for_drafter: confidence stops)
+        self._yield_tokens = self._yield_s = self._yield_rounds = 0.0  # decayed, over its drafting rounds
 
     @classmethod
     def for_drafter(
         cls, drafter: Drafter, speculation: SpeculationSettings, curve: VerifyCostCurve, **kwargs
     ):
         optimism = 0.0 if drafter.confidence_stops else cls.OPTIMISM
-        return cls(speculation, curve, optimism=optimism, **kwargs)
+        controller = cls(speculation, curve, optimism=optimism, **kwargs)
+        controller.caps_by_yield = drafter.confidence_stops
+        return controller
 
     @property
     def alpha(self) -> float:
@@ -148,7 +157,16 @@ class KController:
             rate = ((1 - empty) * tokens + empty) / ((1 - empty) * cost + empty * empty_cost)
             if best_k is None or rate > best_rate:
                 best_k, best_rate = k, rate
+        measured = self.measured_rate()
+        if self.caps_by_yield and measured is not None:
+            best_rate = min(best_rate, measured)
         return best_k, best_rate, plain_rate
+
+    def measured_rate(self) -> float | None:
+        """Tokens per second this drafter's rounds really gave (decayed); None before YIELD_ROUNDS."""
+        if self._yield_rounds < self.YIELD_ROUNDS or self._yield_s <= 0:
+            return None
+        return self._yield_tokens / self._yield_s
 
     @property
     def side_acceptance(self) -> float:
@@ -246,6 +264,10 @@ class KController:
             self.curve.observe(verify_size or drafted + 1, verify_s)
         if k > 0:
             self.empty_share = 0.95 * self.empty_share + (0.05 if drafted == 0 else 0.0)
+            decay = self.acceptance.decay
+            self._yield_tokens = decay * self._yield_tokens + accepted + 1 + side_won
+            self._yield_s = decay * self._yield_s + draft_s + verify_s
+            self._yield_rounds = decay * self._yield_rounds + 1.0
         if self._probing:
             # lost: it gave fewer tokens per second than a plain step would have. One that drafted
             # nothing (a confidence stop) lost too, having paid a draft step, and one kept token need

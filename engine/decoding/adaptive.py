@@ -1,10 +1,12 @@
-"""Choosing the drafter and K, the number of draft tokens per round, from what this device measures.
+"""Choosing K, the number of draft tokens per round, for one drafter, from what this device measures
+(engine.decoding.planner compares the drafters' prices to choose among them).
 
 A round that drafts K tokens emits on average E(K) tokens (accepted drafts + one target token),
 from the drafter's measured per-position acceptance (engine.decoding.acceptance), and costs
 K * t_draft + t_verify(K+1): K draft steps, then one target forward over the last token and the K
 drafts. Plain decoding emits 1 token per t_verify(1). We pick the K in 0..max_k with the best
 tokens per second, or no draft. t_verify(n) is a measured curve (engine.decoding.verify_cost).
+A drafter that stops by its own confidence is priced at no more than its rounds really gave.
 """
 
 from __future__ import annotations

@@ -155,11 +155,10 @@ class DraftPlanner:
         first = self.members[0][1]
         plain_rate = first.expected_rate(0) or 0.0
         self.plain = best.rate <= plain_rate * (1 + first.margin)
-        chosen = None
-        if not self.plain:
-            chosen, controller = best, self.members[best.index][1]
-            if controller.speculation.adaptive:
-                best.k = controller.stretch(best.k, best.cap)
+        chosen = None if self.plain else best
+        leader = self.members[best.index][1]
+        if chosen is not None and leader.speculation.adaptive:
+            best.k = leader.stretch(best.k, best.cap)
         for option in options:  # the members sitting this round out count towards their next probe
             controller = self.members[option.index][1]
             if option is chosen or not controller.speculation.adaptive:

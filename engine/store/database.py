@@ -14,9 +14,9 @@ opening the store turns the 'streaming' rows whose writer is gone into 'interrup
 text, and leaves alone the rows that another live process is still writing.
 
 Several processes may write at once: every write transaction starts with BEGIN IMMEDIATE, so a second
-writer waits for the first (up to `busy_timeout_s`) instead of failing on a lock upgrade. SQLite's busy
-handler polls, so a waiting writer can miss every gap in another's run of short writes and wait out the
-whole run: the timeout is long enough for such a run on a loaded machine. An app or a
+writer waits for the first (up to `busy_timeout_s`) instead of failing on a lock upgrade. It tries
+again every millisecond (schema.begin_immediate), so another process's run of short writes cannot
+keep it waiting to the end of the run. An app or a
 terminal chat that owns the database also takes the instance lock (acquire_instance_lock), so a second
 one is told the database is in use instead of writing beside the first.
 """
@@ -52,6 +52,7 @@ from engine.store.records import (  # noqa: F401  (re-exported: the store's publ
 )
 from engine.store.schema import (  # noqa: F401
     SCHEMA_VERSION,
+    begin_immediate,
     migrate,
     move_aside,
     os_storage_error,
@@ -144,7 +145,7 @@ class Store:
                 with self.db.atomic():
                     yield self.db
                 return
-            conn.execute("BEGIN IMMEDIATE")
+            begin_immediate(conn)
             try:
                 yield self.db
             except BaseException:

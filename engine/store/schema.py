@@ -18,6 +18,7 @@ import errno
 import os
 import shutil
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -105,6 +106,33 @@ def user_version(conn: sqlite3.Connection) -> int:
     return conn.execute("PRAGMA user_version").fetchone()[0]
 
 
+WRITE_POLL_S = 0.001
+
+
+def begin_immediate(conn: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE, waiting for another writer up to the connection's busy timeout.
+
+    SQLite's own busy handler sleeps up to 100 ms between tries, so a writer waiting on another
+    process's run of short transactions can miss every short gap between them and wait out the whole
+    run, or time out. Trying every millisecond takes one of the first gaps.
+    """
+    timeout_ms = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+    deadline = time.monotonic() + timeout_ms / 1000
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+                if code not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(WRITE_POLL_S)
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
+
+
 def migrate(db: sqlite_utils.Database, target: int = SCHEMA_VERSION) -> None:
     """Run the migrations from the database's version up to `target`, each in its own transaction.
 
@@ -112,7 +140,7 @@ def migrate(db: sqlite_utils.Database, target: int = SCHEMA_VERSION) -> None:
     the same moment run each migration once: the second waits, then finds it done.
     """
     while True:
-        db.execute("BEGIN IMMEDIATE")
+        begin_immediate(db.conn)
         try:
             version = user_version(db.conn)
             if version >= target:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import StorageError, TandemError
 from engine.store.records import check_text
-from engine.store.schema import translated_errors
+from engine.store.schema import begin_immediate, translated_errors
 
 if TYPE_CHECKING:
     from engine.store.database import Store
@@ -160,7 +160,7 @@ class ThrottledUpdater:
     def _commit(self, conn: sqlite3.Connection, text: str) -> None:
         check_text(text, "The reply")
         with translated_errors(self.store.path):
-            conn.execute("BEGIN IMMEDIATE")
+            begin_immediate(conn)
             try:
                 conn.execute(
                     "UPDATE messages SET content = ? WHERE id = ? AND status = 'streaming'",

@@ -107,7 +107,10 @@ class ChatEngine(CompiledPaths):
     def reset(self) -> None:
         with self._lock:
             self._forget_caches()
-            self._ngram = None
+            # the same n-gram drafter, emptied: its controller keeps what it measured. A new one per
+            # conversation was unmeasured, and `auto` spent each conversation's first match on a probe.
+            if self._ngram is not None:
+                self._ngram.reset()
             self._suffix.reset()  # the conversation goes; what earlier replies taught the index stays
 
     # --- generation -----------------------------------------------------------------------------

@@ -196,3 +196,24 @@ def test_a_quantized_copy_starts_from_its_checked_agreement_with_the_target(tiny
     assert drafter.acceptance_prior == (min(agreement, 0.98),) * 2
     assert acceptance_for(drafter).conditional()[0] == pytest.approx(min(agreement, 0.98))
     assert ChatEngine(float_target, target)._model_drafter.acceptance_prior is None
+
+
+def test_a_new_conversation_keeps_what_was_measured_of_the_ngram_drafter(builtin_model):
+    """engine.reset() (a new conversation) empties the n-gram index but keeps the drafter, so its
+    controller's measurements carry over, as the suffix index's and a model's do. A new drafter per
+    conversation started unmeasured, and `auto` spent each conversation's first match on a probe."""
+    engine = ChatEngine(
+        builtin_model, None, SpeculationSettings(drafter="ngram"), SamplingSettings(max_new_tokens=32)
+    )
+    messages = [
+        {"role": "user", "content": "Repeat exactly: the cat sat on the mat, the cat sat on the mat."}
+    ]
+    engine.respond(messages)
+    ngram = engine._ngram
+    [(_, controller)] = engine._planners["ngram"][1].members
+    assert controller.acceptance.observations() > 0, "the n-gram drafter never drafted: no evidence"
+    engine.reset()
+    assert engine._ngram is ngram and ngram._seen == []
+    engine.respond([{"role": "user", "content": "Something else entirely."}])
+    [(drafter, kept)] = engine._planners["ngram"][1].members
+    assert drafter is ngram and kept is controller

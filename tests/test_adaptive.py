@@ -713,3 +713,40 @@ def test_a_drafter_that_stops_by_its_confidence_is_priced_at_what_its_rounds_gav
     assert head_controller.best(8)[1] == pytest.approx(head_controller.measured_rate())
     assert capped.plan([1, 2, 3], limit=100).drafter_name == "copy"
     assert planner(caps_by_yield=False).plan([1, 2, 3], limit=100).drafter_name == "head"
+
+
+def rounds_of_a_copy_timed_while_the_machine_was_busy(rounds: int = 200) -> list[str]:
+    """`auto` between a head (kept half the time, a cheap step) and a copy (kept 95 %) whose first
+    rounds, the only ones it drafted, ran while something else held the CPU: a draft step as dear as
+    a target step. The machine is quiet from round 10 on, where the copy's step is a quarter of one."""
+    rng = random.Random(0)
+    curve = curve_of(TRUE_VERIFY)
+    head = SyntheticDrafter("head", geometric_outcome(0.5), 0.05)
+    copy = SyntheticDrafter("copy", geometric_outcome(0.95), 0.25)
+    planner = DraftPlanner([(d, KController(SpeculationSettings(), curve)) for d in (head, copy)], curve)
+    chosen = []
+    for round_index in range(rounds):
+        plan = planner.plan([], limit=100)
+        if plan.k == 0:
+            planner.observe(plan, SimulatedRound(0, 0, 0.0, TRUE_VERIFY[1], 0.0, 1))
+            chosen.append("none")
+            continue
+        busy = 4.0 if round_index < 10 and plan.drafter is copy else 1.0
+        accepted = plan.drafter.outcome(rng, plan.k, None)
+        size = max(plan.verify_size, plan.k + 1)
+        draft_s = plan.k * plan.drafter.draft_step_s * busy
+        planner.observe(plan, SimulatedRound(plan.k, accepted, draft_s, true_verify(size), 0.0, size))
+        chosen.append(plan.drafter.name)
+    return chosen
+
+
+def test_a_drafter_priced_from_a_busy_moment_is_measured_again(monkeypatch):
+    """Priced at its busy step (0.73 tokens per target step against the head's 1.1) the copy lost
+    every round to the head and, never drafting, was never timed again. Now it gets a round once it
+    has sat out KController.STALE_AFTER of them, since only its step holds it back, and is timed at
+    its quiet 0.25 (1.7 tokens per step): it drafts from then on."""
+    chosen = rounds_of_a_copy_timed_while_the_machine_was_busy()
+    assert "copy" in chosen[2 : 2 + KController.STALE_AFTER + 2]
+    assert chosen[100:].count("copy") >= 90, chosen
+    monkeypatch.setattr(KController, "STALE_AFTER", 10**9)
+    assert rounds_of_a_copy_timed_while_the_machine_was_busy()[2:].count("copy") == 0

@@ -124,3 +124,28 @@ def test_turned_off_nothing_is_kept(memory, make_tiny, monkeypatch):
     )  # fmt: skip
     engine.generate_ids([1, 2, 3, 4])
     assert not memory.exists()
+
+
+def test_a_draft_step_recalled_from_a_busy_start_is_measured_again(tmp_path, monkeypatch):
+    """A start that timed the copy while the machine was busy (its step as dear as a target step) saved
+    that step. Recalled at face value, it priced the copy below the head for good: never chosen, it was
+    never timed again, and every later start saved the same figure. A recalled step is measured again
+    in the next start's first rounds."""
+
+    def members(copy_step: float):
+        return [
+            SyntheticDrafter("head", geometric_outcome(0.5), 0.05),
+            SyntheticDrafter("model", geometric_outcome(0.95), copy_step),
+        ]
+
+    def second_start(path) -> list[str]:
+        start(members(copy_step=1.0), 40, path)  # busy
+        return start(members(copy_step=0.25), 40, path)  # quiet
+
+    second = second_start(tmp_path / "memory.json")
+    assert any(round.startswith("model") for round in second[:3]), second
+    assert sum(round.startswith("model") for round in second) >= 35, second
+    monkeypatch.setattr(KController, "recalled_draft_step", lambda self: None)
+    monkeypatch.setattr(KController, "STALE_AFTER", 10**9)
+    stale = second_start(tmp_path / "without.json")
+    assert not any(round.startswith("model") for round in stale), stale

@@ -70,6 +70,14 @@ class KController:
     # rounds stand behind that: priced for K tokens, the shipped head was worth 73-98 tok/s to `auto`
     # where its rounds of one to three tokens gave about 65, and it drafted in place of the copy.
     YIELD_ROUNDS = 3.0
+    # A drafter `auto` has not chosen for STALE_AFTER rounds, or whose draft step was recalled from an
+    # earlier start, is priced from a draft step measured then, perhaps while the machine was busy.
+    # Never chosen again, it was never measured again: a copy timed at 15 ms a step while a graph built
+    # in the background (6.4 ms at best) lost every round to the draft head, start after start. Such a
+    # drafter gets one round when only its draft step keeps it from beating the chosen one (it would
+    # win if drafting cost nothing), and that round's step replaces the stale figure. One that still
+    # loses waits twice as long for the next such round (up to MAX_PROBE_INTERVAL).
+    STALE_AFTER = 32
 
     def __init__(
         self,
@@ -97,6 +105,8 @@ class KController:
         self._kept_all_streak = 0  # rounds in a row that kept every token they drafted
         self.caps_by_yield = False  # price capped by its rounds' real yield (for_drafter: confidence stops)
         self._yield_tokens = self._yield_s = self._yield_rounds = 0.0  # decayed, over its drafting rounds
+        self._idle_rounds = 0  # rounds `auto` gave another drafter since this one last drafted
+        self._stale_after, self._refreshing = self.STALE_AFTER, False
 
     @classmethod
     def for_drafter(
@@ -144,25 +154,48 @@ class KController:
                 return True
         return False
 
-    def best(self, cap: int, condition=None) -> tuple[int | None, float, float]:
-        """(best K in 1..cap, its expected tokens/s, a plain step's tokens/s); K None before measurements."""
+    def best(self, cap: int, condition=None, step_s: float | None = None) -> tuple[int | None, float, float]:
+        """(best K in 1..cap, its expected tokens/s, a plain step's tokens/s); K None before measurements.
+        `step_s`: price at this draft step instead of the measured one (and without the yield cap)."""
         plain_rate = self.expected_rate(0)
-        if plain_rate is None or self.draft_step_s is None or cap <= 0:
+        step = self.draft_step_s if step_s is None else step_s
+        if plain_rate is None or step is None or cap <= 0:
             return None, 0.0, plain_rate or 0.0
         conditional = self.acceptance.conditional(condition, self.optimism)
         best_k, best_rate, tokens, survive = None, 0.0, 1.0, 1.0
-        empty, empty_cost = self.empty_share, self.curve.estimate(1) + self.draft_step_s
+        empty, empty_cost = self.empty_share, self.curve.estimate(1) + step
         for k in range(1, cap + 1):  # E(k) built up position by position
             survive *= conditional[k - 1] if k - 1 < len(conditional) else 0.0
             tokens += survive
-            cost = self.curve.estimate(k + 1) + k * self.draft_step_s
+            cost = self.curve.estimate(k + 1) + k * step
             rate = ((1 - empty) * tokens + empty) / ((1 - empty) * cost + empty * empty_cost)
             if best_k is None or rate > best_rate:
                 best_k, best_rate = k, rate
         measured = self.measured_rate()
-        if self.caps_by_yield and measured is not None:
+        if self.caps_by_yield and measured is not None and step_s is None:
             best_rate = min(best_rate, measured)
         return best_k, best_rate, plain_rate
+
+    def sit_out(self) -> None:
+        """`auto` gave this round to another drafter (or to none)."""
+        self._idle_rounds += 1
+
+    def recalled_draft_step(self) -> None:
+        """draft_step_s comes from an earlier start (engine.decoding.drafter_memory): stale until measured."""
+        self._stale_after = self.STALE_AFTER
+        self._idle_rounds = max(self._idle_rounds, self.STALE_AFTER)
+
+    def refresh_k(self, cap: int, condition, rate_to_beat: float) -> int | None:
+        """K for a round that measures a stale draft step again (see STALE_AFTER), when this drafter
+        would beat `rate_to_beat` if drafting cost nothing; None otherwise."""
+        if self._idle_rounds < self._stale_after or self.draft_step_s is None:
+            return None
+        k, rate, _ = self.best(cap, condition, step_s=0.0)
+        if k is None or rate <= rate_to_beat:
+            return None
+        self._refreshing = True
+        self._stale_after = min(2 * self._stale_after, self.MAX_PROBE_INTERVAL)
+        return k
 
     def measured_rate(self) -> float | None:
         """Tokens per second this drafter's rounds really gave (decayed); None before YIELD_ROUNDS."""
@@ -284,7 +317,13 @@ class KController:
         self._kept_all_streak = self._kept_all_streak + 1 if accepted >= drafted else 0
         self.acceptance.observe(drafted, accepted, condition)
         step = draft_s / drafted
-        self.draft_step_s = step if self.draft_step_s is None else 0.8 * self.draft_step_s + 0.2 * step
+        stale = self._idle_rounds >= self.STALE_AFTER
+        self.draft_step_s = (
+            step if self.draft_step_s is None or stale else 0.8 * self.draft_step_s + 0.2 * step
+        )
+        if not self._refreshing:  # chosen on its price: a later stale step is measured again soon
+            self._stale_after = self.STALE_AFTER
+        self._idle_rounds, self._refreshing = 0, False
         self.fastest_draft_step_s = min(self.fastest_draft_step_s, step)
         self.draft_steps_seen += 1
 

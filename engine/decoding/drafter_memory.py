@@ -85,6 +85,7 @@ def recall_controller(controller: KController, memory: dict) -> None:
     controller.acceptance.set_counts(accepted, decided)
     if step is not None:
         controller.draft_step_s = step
+        controller.recalled_draft_step()
     if fastest is not None:
         controller.fastest_draft_step_s = fastest
         controller.draft_steps_seen = max(controller.draft_steps_seen, 2)

@@ -159,14 +159,30 @@ class DraftPlanner:
         leader = self.members[best.index][1]
         if chosen is not None and leader.speculation.adaptive:
             best.k = leader.stretch(best.k, best.cap)
+        if chosen is not None:
+            chosen = self._refresh(options, chosen) or chosen
         for option in options:  # the members sitting this round out count towards their next probe
             controller = self.members[option.index][1]
             if option is chosen or not controller.speculation.adaptive:
                 continue
+            controller.sit_out()
             if controller.due_probe() and chosen is None:
                 option.k = controller.probe_k(option.k, option.cap)
                 chosen = option
         return self._option_plan(chosen, limit) if chosen is not None else Plan(None, None, 0, None, 1)
+
+    def _refresh(self, options: list[_Option], chosen: _Option) -> _Option | None:
+        """A member whose draft step is stale and that would beat the chosen one at its fastest step
+        (KController.STALE_AFTER)."""
+        for option in options:
+            controller = self.members[option.index][1]
+            if option is chosen or not controller.speculation.adaptive:
+                continue
+            k = controller.refresh_k(option.cap, option.condition, chosen.rate)
+            if k is not None:
+                option.k = k
+                return option
+        return None
 
     def _option_plan(self, option: _Option, limit: int) -> Plan:
         return self._plan(self.members[option.index], option.k, option.condition, limit)

@@ -8,7 +8,8 @@ copy (kept 96 %) took over; later replies drafted with the copy from their first
 
 Recalled figures are a prior, never a certainty: each reply holds earlier counts at
 KController.REPLY_MEMORY of their weight and drops them when its own rounds contradict them
-(AcceptanceModel.start_reply), and the draft step is measured again at each round.
+(AcceptanceModel.start_reply), and a recalled draft step counts as stale: the drafter gets a round to
+time it again when only that step keeps it from being chosen (KController.STALE_AFTER).
 
 One JSON file in the cache dir maps a key (the machine, the target, its draft models) to
 {drafter name: memory}. Writes are atomic; a file that cannot be read is empty, so a damaged file

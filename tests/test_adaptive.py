@@ -619,8 +619,8 @@ def test_a_tree_timed_dear_once_is_tried_again_after_chain_rounds():
 
 
 def test_a_new_planner_keeps_what_its_unchanged_drafters_measured():
-    """A conversation's new n-gram drafter makes a new auto planner; the head in it is the same
-    object, and its controller (acceptance, empty rounds, probe pace) goes on where it was."""
+    """A new member (the n-gram drafter at other sizes) makes a new auto planner; the head in it is
+    the same object, and its controller (acceptance, empty rounds, probe pace) goes on where it was."""
     from engine.decoding.speculative import planner_for
 
     head = SyntheticDrafter("head", geometric_outcome(0.3), 0.03)

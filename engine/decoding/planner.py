@@ -73,8 +73,8 @@ class DraftPlanner:
     def inherit(self, previous: DraftPlanner) -> None:
         """Takes over an earlier planner's controllers for the drafters both share (the same objects):
         what they measured (acceptance, empty rounds, probe interval) stays. Starting over each time
-        another member changes (the n-gram drafter is new with each conversation) relearnt a losing
-        head within every reply, where a reply is too short to learn it."""
+        another member changes (new n-gram sizes, another head) relearnt a losing head within every
+        reply, where a reply is too short to learn it."""
         kept = {id(drafter): controller for drafter, controller in previous.members}
         self.members = [(drafter, kept.get(id(drafter), controller)) for drafter, controller in self.members]
 
@@ -156,10 +156,10 @@ class DraftPlanner:
         plain_rate = first.expected_rate(0) or 0.0
         self.plain = best.rate <= plain_rate * (1 + first.margin)
         chosen = None if self.plain else best
-        leader = self.members[best.index][1]
-        if chosen is not None and leader.speculation.adaptive:
-            best.k = leader.stretch(best.k, best.cap)
         if chosen is not None:
+            leader = self.members[best.index][1]
+            if leader.speculation.adaptive:
+                best.k = leader.stretch(best.k, best.cap)
             chosen = self._refresh(options, chosen) or chosen
         for option in options:  # the members sitting this round out count towards their next probe
             controller = self.members[option.index][1]
@@ -172,8 +172,8 @@ class DraftPlanner:
         return self._option_plan(chosen, limit) if chosen is not None else Plan(None, None, 0, None, 1)
 
     def _refresh(self, options: list[_Option], chosen: _Option) -> _Option | None:
-        """A member whose draft step is stale and that would beat the chosen one at its fastest step
-        (KController.STALE_AFTER)."""
+        """A member whose draft step is stale and that would beat the chosen one if drafting cost
+        nothing (KController.STALE_AFTER)."""
         for option in options:
             controller = self.members[option.index][1]
             if option is chosen or not controller.speculation.adaptive:

@@ -97,7 +97,7 @@ class SelfTest(QObject):
 
 def cpu_kernels_status() -> str:
     """Whether Tandem's own CPU kernels loaded (the installed bundle ships them prebuilt)."""
-    from engine.models import native_ops
+    from engine.kernels import native_ops
 
     error = native_ops.build_error()  # cached: loading the models asked already
     return "CPU kernels: loaded" if error is None else f"CPU kernels: unavailable ({error})"

@@ -12,7 +12,7 @@ os.environ.setdefault("TANDEM_COMPILE", "off")
 # (engine.decoding.drafter_memory); its own tests lift this.
 os.environ.setdefault("TANDEM_DRAFTER_MEMORY", "off")
 # Tandem's C++ kernels are built once for the whole run, also for the processes tests start with a
-# cache folder of their own (engine.models.native_ops).
+# cache folder of their own (engine.kernels.native_ops).
 if "TANDEM_NATIVE_DIR" not in os.environ:
     from engine.paths import cache_dir
 

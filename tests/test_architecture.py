@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,60 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return result
+
+
+def allowed_imports() -> tuple[dict[str, list[str]], dict[str, set[str]]]:
+    """DEVELOPERS.md's table: each part's module prefixes, and the parts it may import."""
+    modules, may_import = {}, {}
+    table = (ROOT / "DEVELOPERS.md").read_text().split("<!-- the architecture test reads", 1)[1]
+    for line in table.splitlines()[3:]:
+        if not line.startswith("|"):
+            break
+        part, prefixes, _, allowed = (cell.strip() for cell in line.strip("|").split("|"))
+        modules[part] = re.findall(r"`([\w.]+)`", prefixes)
+        may_import[part] = set(re.findall(r"`(\w+)`", allowed)) | {part, "root"}
+    return modules, may_import
+
+
+def part_of(module: str, modules: dict[str, list[str]]) -> str | None:
+    """The part whose longest prefix names `module`."""
+    best, length = None, -1
+    for part, prefixes in modules.items():
+        for prefix in prefixes:
+            named = module == prefix or (prefix != "engine" and module.startswith(prefix + "."))
+            if named and len(prefix) > length:
+                best, length = part, len(prefix)
+    return best
+
+
+def forbidden_imports(graph: dict[str, set[str]]) -> list[str]:
+    modules, may_import = allowed_imports()
+    found = []
+    for importer, imported in graph.items():
+        source = part_of(importer, modules)
+        if source is None:
+            found.append(f"{importer}: in no part of DEVELOPERS.md's table")
+            continue
+        for target in sorted(imported):
+            if part_of(target, modules) not in may_import[source]:
+                found.append(f"{importer} -> {target}")
+    return found
+
+
+def test_every_import_is_one_developers_md_allows():
+    modules, may_import = allowed_imports()
+    assert {"root", "kernels", "models", "runtime", "decoding", "session", "cli"} <= set(modules)
+    assert forbidden_imports(engine_graph()) == []
+
+
+def test_the_table_check_catches_an_import_back_up():
+    graph = engine_graph()
+    graph["engine.kernels.block_quant"] = graph["engine.kernels.block_quant"] | {"engine.session"}
+    graph["engine.models.loading"] = graph["engine.models.loading"] | {"engine.decoding.sampling"}
+    assert forbidden_imports(graph) == [
+        "engine.kernels.block_quant -> engine.session",
+        "engine.models.loading -> engine.decoding.sampling",
+    ]
 
 
 def test_no_import_cycle_inside_engine():

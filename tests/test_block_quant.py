@@ -1,4 +1,4 @@
-"""The block-quantized kernels (engine.models.block_quant): every code path this CPU runs against the
+"""The block-quantized kernels (engine.kernels.block_quant): every code path this CPU runs against the
 arithmetic it claims, a GGUF Q4_1 block held exactly, fused projections, and the compiled forward."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models import block_quant as bq
-from engine.models import quant_kernels as qk
-from engine.models.cpu_features import has_avx2
+from engine.kernels import block_quant as bq
+from engine.kernels import quant_kernels as qk
+from engine.kernels.cpu_features import has_avx2
 from engine.runtime import static_forward
 from engine.runtime.attention import rows_unavailable_reason
 from engine.runtime.eager import ModelRunner

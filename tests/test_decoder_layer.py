@@ -1,4 +1,4 @@
-"""A float decoder layer in one call (engine/models/native/decoder_layer.cpp) against the same layer op by op,
+"""A float decoder layer in one call (engine/kernels/native/decoder_layer.cpp) against the same layer op by op,
 its row exactness, and its cache writes."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.cpu_features import cpu_flags, has_avx2
+from engine.kernels.cpu_features import cpu_flags, has_avx2
 from engine.runtime.fused_layer import kernel_name, layer_kernel_unavailable_reason
 from engine.runtime.row_linear import EXACT_ROWS
 from engine.runtime.static_forward import FastLlama
@@ -64,7 +64,7 @@ def one_call(fast: FastLlama, on: bool) -> None:
 
 def on_path(fast: FastLlama, path: str) -> None:
     """Every layer of `fast` on the kernels' code path `path`, float or block-quantized."""
-    from engine.models.block_quant import BlockQuantLinear
+    from engine.kernels.block_quant import BlockQuantLinear
 
     for layer in fast.fused:
         if layer.qkv_quant is None:
@@ -165,8 +165,8 @@ def test_turned_off_the_layers_run_op_by_op(monkeypatch):
 
 
 def block_quantized(model, bits: int):
-    """Every projection of `model` in `bits`-bit blocks (engine.models.block_quant), as a quantized draft."""
-    from engine.models.block_quant import BlockQuantLinear
+    """Every projection of `model` in `bits`-bit blocks (engine.kernels.block_quant), as a quantized draft."""
+    from engine.kernels.block_quant import BlockQuantLinear
 
     for layer in model.model.layers:
         for parent in (layer.self_attn, layer.mlp):
@@ -180,7 +180,7 @@ def block_quantized(model, bits: int):
 @pytest.mark.parametrize("path", BLOCK_PATHS)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_block_quantized_layers_run_in_one_call_and_their_rows_stay_exact(bits, path):
-    from engine.models.block_quant import build_error
+    from engine.kernels.block_quant import build_error
 
     assert build_error() is None, build_error()
     model = block_quantized(tiny_model("qwen2", seed=6, intermediate=192), bits)

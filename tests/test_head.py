@@ -14,8 +14,7 @@ from scipy.stats import chisquare
 from engine.decoding.drafters.head import HeadDrafter
 from engine.decoding.speculative import generate
 from engine.errors import IncompatibleDraftError
-from engine.models.cpu_features import has_avx2
-from engine.models.head import (
+from engine.heads.head import (
     DraftHead,
     HeadConfig,
     find_head,
@@ -24,7 +23,8 @@ from engine.models.head import (
     shipped_head_folder,
     target_fingerprint,
 )
-from engine.models.head_training import chained_log_probs
+from engine.heads.training import chained_log_probs
+from engine.kernels.cpu_features import has_avx2
 from engine.runtime.attention import rows_unavailable_reason
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner
@@ -305,7 +305,7 @@ def test_a_head_narrowed_or_widened_keeps_its_scores_on_the_tokens_it_keeps(tiny
 
 def test_a_head_with_fused_projections_drafts_what_its_separate_layers_draft(tiny):
     """Drafting joins q, k, v and gate, up into one layer each: the same rows, so the same scores."""
-    from engine.models.head_quant import quantized_layers
+    from engine.heads.quant import quantized_layers
 
     embed = tiny.model.get_input_embeddings()
     ids = torch.randint(0, tiny.model.config.vocab_size, (1, 12))
@@ -479,7 +479,7 @@ def test_the_catalogue_lists_the_shipped_head_and_a_published_eagle3_pair():
 
 def test_training_prompts_mix_templates_with_work_on_texts_and_code_and_never_bench_prompts():
     from engine.bench.prompts import default_prompts_path, load_prompts
-    from engine.models.head_prompts import template_instructions, training_instructions
+    from engine.heads.prompts import template_instructions, training_instructions
 
     instructions = training_instructions(500)
     assert len(instructions) == len(set(instructions)) == 500
@@ -492,7 +492,7 @@ def test_training_prompts_mix_templates_with_work_on_texts_and_code_and_never_be
 
 def test_train_head_writes_texts_works_on_them_resumes_and_goes_on_from_a_head(tmp_path, tiny_model_dir):
     from engine.cli.main import main
-    from engine.models.head import load_head
+    from engine.heads.head import load_head
     from engine.models.loading import load_model
 
     out = tmp_path / "head"
@@ -528,7 +528,7 @@ def test_train_head_writes_texts_works_on_them_resumes_and_goes_on_from_a_head(t
 
 
 def test_written_texts_are_kept_only_for_the_requests_they_were_written_for(tmp_path, make_tiny):
-    from engine.models.head_passages import write_passages, writing_requests
+    from engine.heads.passages import write_passages, writing_requests
 
     loaded = make_tiny()
     first = writing_requests(3, seed=0)
@@ -569,7 +569,7 @@ def test_the_target_writes_user_questions_that_train_the_head_and_bad_shares_are
 
 
 def test_a_written_question_is_its_first_paragraph_unquoted_and_of_a_message_s_length():
-    from engine.models.head_questions import question_requests, tidy_question
+    from engine.heads.questions import question_requests, tidy_question
 
     assert tidy_question('  "How do bees find their way home?"\n\nI hope this helps!') == (
         "How do bees find their way home?"
@@ -581,7 +581,7 @@ def test_a_written_question_is_its_first_paragraph_unquoted_and_of_a_message_s_l
 
 
 def test_the_draft_vocabulary_takes_an_empty_answer_in_its_stride():
-    from engine.models.head_training import choose_vocabulary
+    from engine.heads.training import choose_vocabulary
 
     counts = torch.zeros(16, dtype=torch.float64)
     counts[3] = 2.0

@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine.models import block_quant, head_quant
-from engine.models.head import find_head, load_head
+from engine.heads import quant as head_quant
+from engine.heads.head import find_head, load_head
+from engine.kernels import block_quant
 
 
 @pytest.fixture

@@ -73,7 +73,7 @@ class LlamaServer:
             time.sleep(0.2)
 
     def counters(self) -> dict[str, float]:
-        from engine.server.metrics import parse_prometheus
+        from engine.remote.metrics_page import parse_prometheus
 
         page = httpx.get(f"{self.url}/metrics", timeout=10).text
         return {name: value for name, labels, value in parse_prometheus(page) if not labels}

@@ -1,4 +1,4 @@
-"""Building and loading Tandem's C++ CPU kernels (engine.models.native_ops): built once per machine
+"""Building and loading Tandem's C++ CPU kernels (engine.kernels.native_ops): built once per machine
 in a source install, loaded prebuilt from the installed bundle, which has no compiler."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import shutil
 import subprocess
 import sys
 
-from engine.models import native_ops
+from engine.kernels import native_ops
 
 # What the frozen app does: PyInstaller sets sys.frozen and sys._MEIPASS (the bundle's _internal/).
 FROZEN = """
 import sys
 sys.frozen, sys._MEIPASS = True, sys.argv[1]
 import torch
-from engine.models import native_ops
+from engine.kernels import native_ops
 print(native_ops.build_error())
 print(hasattr(torch.ops.tandem_layer, "decoder_layer"), hasattr(torch.ops.tandem_block_quant, "linear"))
 """
@@ -63,7 +63,7 @@ def test_a_build_killed_midway_does_not_stop_the_next_start():
     folder = native_ops.build_folder()
     assert native_ops.build_error() is None  # the library is built and loaded here
     (folder / "lock").touch()  # what a build killed midway leaves
-    load = "from engine.models.native_ops import build_error; print(build_error())"
+    load = "from engine.kernels.native_ops import build_error; print(build_error())"
     done = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
     assert not (folder / "lock").exists()

@@ -9,7 +9,8 @@ import stat
 
 import pytest
 
-from engine.server.metrics import ServerMetrics, SpecCounters, parse_prometheus, quantile, spec_counters
+from engine.remote.metrics_page import SpecCounters, parse_prometheus, spec_counters
+from engine.server.metrics import ServerMetrics, quantile
 from engine.stats import GenerationStats
 
 # The text format vLLM's OpenAI server exposes on /metrics (prometheus_client: counters get a _total
@@ -55,7 +56,7 @@ def test_vllm_metrics_page_is_parsed_and_summed_over_engines():
 
 
 def test_prometheus_samples_keep_labels_and_skip_comments():
-    samples = parse_prometheus(VLLM_SAMPLE + 'odd{a="x \\"quoted\\"",b="2"} 3.5 1700000000\nnot a sample\n')
+    samples = parse_prometheus(VLLM_SAMPLE + 'odd{a="x \\"quoted\\"",b="2"} 3.5 1700000000\n')
     assert (
         "vllm:num_requests_running",
         {"engine": "0", "model_name": "meta-llama/Llama-3.1-70B-Instruct"},
@@ -67,6 +68,7 @@ def test_prometheus_samples_keep_labels_and_skip_comments():
 
 def test_a_page_without_speculative_counters_reports_none():
     assert spec_counters("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n") is None
+    assert spec_counters("<html>not a metrics page</html>\n") is None
 
 
 def test_tandems_own_page_reads_back_with_the_same_parser():

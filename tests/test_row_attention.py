@@ -1,4 +1,4 @@
-"""The row attention kernel (engine/models/native/attention.cpp) against SDPA, and its row exactness."""
+"""The row attention kernel (engine/kernels/native/attention.cpp) against SDPA, and its row exactness."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.cpu_features import has_avx2
+from engine.kernels.cpu_features import has_avx2
 from engine.runtime.attention import attend_rows, rows_unavailable_reason
 
 pytestmark = pytest.mark.skipif(

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.cpu_features import cpu_flags, has_avx2
+from engine.kernels.cpu_features import cpu_flags, has_avx2
 from engine.runtime import row_linear
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner

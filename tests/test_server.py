@@ -94,7 +94,7 @@ def chat_body(messages=PROMPT, **extra) -> dict:
 
 def metrics(client) -> dict:
     """The server's /metrics samples, keyed by (name, sorted labels without model_name)."""
-    from engine.server.metrics import parse_prometheus
+    from engine.remote.metrics_page import parse_prometheus
 
     page = client.get("/metrics").text
     return {

@@ -75,7 +75,7 @@ def model_bytes(model) -> int:
 
 
 def int4_copy(model):
-    from engine.models.quant_kernels import KERNELS
+    from engine.kernels.quant_kernels import KERNELS
 
     kernel = KERNELS["int4-weight-g32-cuda"]
     reason = kernel.unavailable_reason()

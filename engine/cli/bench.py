@@ -145,7 +145,7 @@ def chosen_method_kinds(args) -> list[str]:
 
 def without_missing_head(args, methods: list[Method], target) -> list[Method]:
     """The default methods without `tandem-head` where no draft head ships for the target."""
-    from engine.models.head import shipped_head_folder
+    from engine.heads.head import shipped_head_folder
 
     if args.methods or shipped_head_folder(target.name) is not None:
         return methods

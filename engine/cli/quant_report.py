@@ -66,7 +66,7 @@ def run_quant_report(args) -> int:
 
 def chosen_kernels(names: str | None, device_type: str):
     from engine.errors import SettingsError
-    from engine.models.quant_kernels import KERNELS
+    from engine.kernels.quant_kernels import KERNELS
 
     if names is None:
         return [k for k in KERNELS.values() if k.device_type == device_type and not k.load_time]
@@ -195,7 +195,7 @@ def decode_ms(models: dict, context: int, steps: int, rounds: int) -> dict[str, 
 
 
 def machine_summary(torch) -> dict:
-    from engine.models.cpu_features import cpu_signature, has_vnni
+    from engine.kernels.cpu_features import cpu_signature, has_vnni
 
     return {
         "torch": torch.__version__,

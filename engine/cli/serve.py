@@ -7,9 +7,7 @@ the address actually bound is printed as `Listening on http://HOST:PORT` once re
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 import sys
 
 from engine.errors import SettingsError
@@ -41,15 +39,6 @@ def add_serve_parser(subparsers) -> None:
     parser.set_defaults(handler=run_serve)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def resolve_api_key(args) -> str | None:
     if args.api_key_env:
         key = os.environ.get(args.api_key_env)
@@ -57,28 +46,6 @@ def resolve_api_key(args) -> str | None:
             raise SettingsError(f"The environment variable {args.api_key_env} holds no API key.")
         return key
     return args.api_key or None
-
-
-def check_bind(host: str, api_key: str | None) -> None:
-    if not is_loopback(host) and not api_key:
-        raise SettingsError(
-            f"Serving on {host} opens the engine to other computers: give an API key with --api-key "
-            "or --api-key-env, or bind 127.0.0.1."
-        )
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        raise SettingsError(f"Cannot listen on {host}:{port}: {error.strerror or error}.") from None
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
 
 
 def build_serving_engine(args, speculation, sampling):
@@ -123,6 +90,7 @@ def run_serve(args) -> int:
 
     from engine.cli.chat import sampling_from_args, speculation_from_args
     from engine.server.app import create_app
+    from engine.server.listen import bind_socket, check_bind
 
     api_key = resolve_api_key(args)
     check_bind(args.host, api_key)

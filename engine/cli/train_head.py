@@ -15,7 +15,7 @@ from engine.errors import SettingsError
 
 
 def add_train_head_parser(subparsers) -> argparse.ArgumentParser:
-    from engine.models.head_training import TrainRecipe
+    from engine.heads.training import TrainRecipe
 
     defaults = TrainRecipe()
     parser = subparsers.add_parser("train-head", help="train a draft head for a target (self-distillation)")
@@ -64,8 +64,8 @@ def add_train_head_parser(subparsers) -> argparse.ArgumentParser:
 def run_train_head(args) -> int:
     import torch
 
-    from engine.models.head_data import training_prompts
-    from engine.models.head_training import TrainRecipe, train_head
+    from engine.heads.data import training_prompts
+    from engine.heads.training import TrainRecipe, train_head
     from engine.models.loaded import resolve_device
     from engine.models.loading import load_model
 
@@ -97,7 +97,7 @@ def run_train_head(args) -> int:
         raise SettingsError(f"--layers must be between 0 and {n_layers} for {loaded.name}.")
     init_from = None
     if args.init_from:  # refused now, with a clear message, rather than after the answers
-        from engine.models.head import find_head, load_head
+        from engine.heads.head import find_head, load_head
 
         init_from = find_head(loaded, args.init_from)
         layers = layers or list(load_head(init_from, loaded.model).config.target_layers)

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from engine.models.quant_kernels import Kernel
-from engine.models.quant_smoothing import linear_layers
+from engine.kernels.quant_kernels import Kernel
+from engine.kernels.quant_smoothing import linear_layers
 
 
 def linear_shapes(model: nn.Module) -> dict[tuple[int, int], int]:

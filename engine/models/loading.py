@@ -207,7 +207,7 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, torch_device)
     tokenizer = load_tokenizer(folder)
     if torch_device.type == "cpu":  # the fast path's kernels: built once, said while it runs
-        from engine.models import native_ops
+        from engine.kernels import native_ops
 
         native_ops.build(progress)
     model = from_pretrained(AutoModelForCausalLM, folder, dtype=torch_dtype)
@@ -224,7 +224,7 @@ def load_model(
         reload = _reloader(folder, torch_device, torch_dtype, quantization)
         chosen = None
         if kernel is not None:
-            from engine.models.quant_kernels import KERNELS
+            from engine.kernels.quant_kernels import KERNELS
 
             chosen = [KERNELS[kernel]]
         model, kernel_info = quantize_checked(

@@ -13,7 +13,7 @@ COMFORTABLE_SHARE = 0.85
 CUDA_CONTEXT_BYTES = 500 * 1024**2
 MIN_RUNTIME_OVERHEAD_BYTES = 64 * 1024**2
 NF4_BLOCK = 64
-INT4_GROUP = 32  # engine.models.quant_kernels' int4-weight-g32
+INT4_GROUP = 32  # engine.kernels.quant_kernels' int4-weight-g32
 
 
 # ---- measured --------------------------------------------------------------------------------
@@ -36,7 +36,7 @@ def model_memory_bytes(model) -> int:
     for tensor in (*model.parameters(), *model.buffers()):
         add(tensor)
     for module in model.modules():
-        total += getattr(module, "packed_bytes", 0)  # engine.models.quant_kernels.DynamicInt8Linear
+        total += getattr(module, "packed_bytes", 0)  # engine.kernels.quant_kernels.DynamicInt8Linear
         packed = getattr(module, "_packed_params", None)
         if packed is not None and hasattr(packed, "_weight_bias"):  # torch dynamic INT8 Linear
             weight, bias = packed._weight_bias()
@@ -87,7 +87,7 @@ def estimate_weight_bytes(
 ) -> int:
     """Weight bytes of a model built from `config`, without loading weights (a meta-device model).
 
-    CPU kernels (engine.models.quant_kernels) quantize every Linear, lm_head included (a tied
+    CPU kernels (engine.kernels.quant_kernels) quantize every Linear, lm_head included (a tied
     embedding keeps its float copy); bitsandbytes on CUDA leaves lm_head unquantized.
     """
     import torch

@@ -68,7 +68,7 @@ def probe_inputs(tokenizer, device) -> list[torch.Tensor]:
 
 def reference_run(model, probes: list[torch.Tensor]):
     """The float model over the probes: (input maxima of its linear layers, for smoothing; logits)."""
-    from engine.models.quant_smoothing import input_channel_maxima
+    from engine.kernels.quant_smoothing import input_channel_maxima
 
     return input_channel_maxima(model, probes)
 
@@ -114,7 +114,7 @@ def model_fingerprint(folder: Path | None, config=None) -> str:
 
 
 def machine_key(kernel_name: str, kernel_version: int, fingerprint: str) -> str:
-    from engine.models.cpu_features import cpu_signature
+    from engine.kernels.cpu_features import cpu_signature
 
     on_gpu = torch.cuda.is_available() and (kernel_name.endswith("cuda") or kernel_name == "int8-bnb")
     device = torch.cuda.get_device_name() if on_gpu else ""

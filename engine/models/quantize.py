@@ -1,7 +1,7 @@
 """Quantized models: "none", "int8" or "int4", for a draft or (as its precision) for the target.
 
 A quantized model is never used unchecked. `quantize_checked` tries the kernels of
-engine.models.quant_kernels for the mode and device, fastest first (a brief microbenchmark of the
+engine.kernels.quant_kernels for the mode and device, fastest first (a brief microbenchmark of the
 model's own layer shapes, cached per machine), checks each against the float model on probe text
 (engine.models.quant_check, cached per model, kernel, torch version and CPU features) and keeps the
 first that passes. Which kernel, why, and the check's numbers go into LoadedModel.info:
@@ -52,7 +52,7 @@ def precision_note(precision: str, device) -> str:
         return "fp32: the model's full-precision weights."
     if precision == "bf16":
         on_cuda = getattr(device, "type", device) == "cuda"
-        from engine.models.cpu_features import cpu_flags
+        from engine.kernels.cpu_features import cpu_flags
 
         native = on_cuda or bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
         speed = "" if native else " This CPU has no native bf16, so it is likely slower than fp32."
@@ -74,7 +74,7 @@ def draft_quantization_for(target, mode: str) -> str:
     if mode != "auto":
         validate_mode(mode)
         return mode
-    from engine.models import block_quant
+    from engine.kernels import block_quant
 
     on_cpu = getattr(target.device, "type", target.device) == "cpu"
     if on_cpu and block_quant.build_error() is None and block_quant.holds_in_4bit_blocks(target.model):
@@ -114,7 +114,7 @@ def load_time_quantization(mode: str, device, dtype) -> dict[str, Any]:
     if mode == "int8":
         config = BitsAndBytesConfig(load_in_8bit=True)
     else:
-        from engine.models.quant_kernels import int4_cpu_unavailable_reason
+        from engine.kernels.quant_kernels import int4_cpu_unavailable_reason
 
         if device.type == "cpu" and int4_cpu_unavailable_reason() is not None:
             raise SettingsError(quantization_note("int4", device))
@@ -127,7 +127,7 @@ def load_time_quantization(mode: str, device, dtype) -> dict[str, Any]:
 
 def rounds_activations(loaded) -> bool:
     """Whether a loaded model's kernel rounds activations per call (see quant_kernels.Kernel)."""
-    from engine.models.quant_kernels import KERNELS
+    from engine.kernels.quant_kernels import KERNELS
 
     kernel = KERNELS.get(loaded.info.get("kernel") or "")
     return loaded.quantization != "none" and kernel is not None and kernel.rounds_activations
@@ -151,7 +151,7 @@ def cpu_int8_quantize(model, inplace: bool = True):
     """torch.ao's stock dynamic INT8 of every nn.Linear, unchecked; the report's `int8-dynamic-plain`."""
     import copy
 
-    from engine.models.quant_kernels import KERNELS
+    from engine.kernels.quant_kernels import KERNELS
 
     return KERNELS["int8-dynamic-plain"].build(model if inplace else copy.deepcopy(model))
 
@@ -183,8 +183,8 @@ def quantize_checked(
     """
     import copy
 
+    from engine.kernels import quant_kernels as qk
     from engine.models import quant_check as qc
-    from engine.models import quant_kernels as qk
     from engine.models.kernel_speed import ranked_by_speed
 
     device_type = getattr(device, "type", str(device))
@@ -256,7 +256,7 @@ def on_fast_path(kernel) -> bool:
     """Whether `kernel`'s layers run on the fused, compiled fast path here, vectorized. The layer
     microbenchmark cannot see that: on an AVX-512 EPYC it ranked int8-dynamic-x86 first, and the
     built-in INT8 target then decoded at 56 tok/s, against 92 on int8-block-q8_0."""
-    from engine.models import block_quant
+    from engine.kernels import block_quant
 
     return kernel.fast_path and kernel.device_type == "cpu" and block_quant.best_path() != "portable"
 

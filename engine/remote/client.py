@@ -33,7 +33,7 @@ from engine.remote.errors import (
     ServerBusyError,
     ServerUnreachableError,
 )
-from engine.server.metrics import SpecCounters, spec_counters
+from engine.remote.metrics_page import SpecCounters, spec_counters
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 

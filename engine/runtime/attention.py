@@ -7,10 +7,10 @@ the target rounds activations to integers (block-quantized layers), such a diffe
 across a rounding step, and a verify row picked another token than a one-token step in 5 of 70
 positions measured. `attend(..., exact_rows=True)` gives each row its own call over exactly the
 slots its one-token step sees, so each row is bit for bit that step's result (the layers' matmuls
-are row-exact already: engine.runtime.row_linear, engine.models.block_quant).
+are row-exact already: engine.runtime.row_linear, engine.kernels.block_quant).
 
 Where Tandem's C++ kernels run (float32 on an AVX2 CPU), `attend_rows` does the same in one call per
-layer for every row, token trees included (engine/models/native/attention.cpp): a 5-token verify
+layer for every row, token trees included (engine/kernels/native/attention.cpp): a 5-token verify
 forward no longer makes 150 SDPA calls, and any number of rows up to a prompt chunk is exact.
 """
 
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.models import native_ops
-from engine.models.cpu_features import has_avx2
+from engine.kernels import native_ops
+from engine.kernels.cpu_features import has_avx2
 
 # Verify forwards up to this many tokens may attend row by row (a call per row and layer)
 EXACT_ROWS = 16
@@ -97,5 +97,5 @@ def attend_rows(
 ) -> Tensor:
     """q: [T, H, D]; k_cache, v_cache: [1, KV, S, D]; lengths: [T], row t attends to slots
     [0, lengths[t]); or visible: [T, W] bool, row t attends to the slots it marks (a token tree).
-    -> [T, H, D], each row computed alike whatever T (engine/models/native/attention.cpp)."""
+    -> [T, H, D], each row computed alike whatever T (engine/kernels/native/attention.cpp)."""
     return torch.ops.tandem_attention.attend(q, k_cache, v_cache, lengths, visible)

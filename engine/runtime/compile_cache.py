@@ -84,7 +84,7 @@ def cache_hits() -> dict[str, int]:
 def is_quantized_module(module) -> bool:
     """Whether a module holds quantized weights that the compiled forward does not take."""
     name = type(module).__module__
-    if getattr(module, "compilable", True) is False:  # engine.models.quant_kernels' packed INT8
+    if getattr(module, "compilable", True) is False:  # engine.kernels.quant_kernels' packed INT8
         return True
     return "quantized" in name or "bitsandbytes" in name or "torchao" in name
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.models.block_quant import prefill_chunk_for, rounds_activations_per_row
+from engine.kernels.block_quant import prefill_chunk_for, rounds_activations_per_row
 from engine.models.memory import cache_tokens_for
 from engine.runtime.attention import EXACT_ROWS
 from engine.runtime.compile_cache import compiler_missing, is_quantized_module

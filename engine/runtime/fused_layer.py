@@ -9,7 +9,7 @@ The fused weight is the only copy: the model's own q/k/v (and gate/up) Linear mo
 at row slices of it, so the model keeps working as it was and no memory is added.
 
 Where Tandem's kernels run (the float row kernel or the 4/8-bit block kernels, with row attention), a
-layer is one call to engine/models/native/decoder_layer.cpp: norms, RoPE, the cache writes, attention,
+layer is one call to engine/kernels/native/decoder_layer.cpp: norms, RoPE, the cache writes, attention,
 SiLU and the residual adds around the four matmuls, about ten calls of the compiled graph fewer per layer.
 """
 
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models import native_ops
-from engine.models.block_quant import BlockQuantLinear, concatenated, shares_buffers
+from engine.kernels import native_ops
+from engine.kernels.block_quant import BlockQuantLinear, concatenated, shares_buffers
 from engine.runtime import row_linear
 from engine.runtime.attention import attend, attend_rows
 
@@ -44,7 +44,7 @@ def _plain_linear(module) -> bool:
 
 
 def _same_block_quant(modules) -> bool:
-    """All of `modules` block-quantized alike (engine.models.block_quant), so they fuse as one layer."""
+    """All of `modules` block-quantized alike (engine.kernels.block_quant), so they fuse as one layer."""
     return all(type(m) is BlockQuantLinear for m in modules) and len({(m.bits, m.path) for m in modules}) == 1
 
 

@@ -3,7 +3,7 @@
 Decoding and verification multiply a few activation rows by every weight matrix, so a step only
 streams the weights. The BLAS GEMM reads them less well at 2 to 8 rows than at one (a 5-token verify
 forward cost 1.74 single steps), which is what speculative decoding pays per round.
-engine/models/native/row_linear.cpp reads each weight row once per call, for all the rows.
+engine/kernels/native/row_linear.cpp reads each weight row once per call, for all the rows.
 
 Each row's result is computed the same way whatever the number of rows, so a verify forward's rows
 are bit for bit what one-token steps give from the same inputs. Calls of up to EXACT_ROWS[path] rows
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models import native_ops
-from engine.models.cpu_features import cpu_flags, has_avx2
+from engine.kernels import native_ops
+from engine.kernels.cpu_features import cpu_flags, has_avx2
 
 EXACT_ROWS = {"avx512": 128, "avx2": 16}  # kMaxRows512, kMaxRows256 in row_linear.cpp
 # Bumped when row_linear.cpp's speed changes, so that stored verify-cost curves are measured again.

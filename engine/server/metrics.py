@@ -1,21 +1,22 @@
-"""Counters for `/metrics`, in Prometheus' text format, and a parser for that format.
+"""Counters for `/metrics`, written in Prometheus' text format by prometheus_client.
 
 The speculative counters carry vLLM's names (`<prefix>:spec_decode_num_drafts_total`, ...,
 `..._num_accepted_tokens_per_pos_total{position="i"}`) with Tandem's prefix, so a dashboard built for
-vLLM reads them unchanged once the prefix is swapped. `parse_prometheus` reads either server's page.
+vLLM reads them unchanged once the prefix is swapped (engine.remote.metrics_page reads either page).
 """
 
 from __future__ import annotations
 
 import math
-import re
 import threading
 from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from engine.stats import GenerationStats
 
 PREFIX = "tandem"
-SPEC_NAMES = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 PER_POS_NAME = "spec_decode_num_accepted_tokens_per_pos"
 
 
@@ -63,131 +64,55 @@ class ServerMetrics:
             self.cancel_latencies_s.append(seconds)
 
     def render(self, model: str) -> str:
-        label = f'model_name="{_escape(model)}"'
-        lines: list[str] = []
+        """The page in Prometheus' text format (prometheus_client's generate_latest)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Snapshot(self._families(model)))
+        return generate_latest(registry).decode()
 
-        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, str, float]]) -> None:
-            lines.append(f"# HELP {PREFIX}:{name} {help_text}")
-            lines.append(f"# TYPE {PREFIX}:{name} {kind}")
-            for suffix, labels, value in samples:
-                lines.append(f"{PREFIX}:{name}{suffix}{{{labels}}} {_number(value)}")
+    def _families(self, model: str) -> list[Metric]:
+        label = {"model_name": model}
+
+        def counter(name: str, help_text: str, samples: list[tuple[dict[str, str], float]]) -> Metric:
+            family = Metric(f"{PREFIX}:{name}", help_text, "counter")
+            for labels, value in samples:
+                family.add_sample(f"{PREFIX}:{name}_total", {**label, **labels}, value)
+            return family
 
         with self._lock:
-            metric(
-                "request_total", "counter", "Chat completion requests by outcome.",
-                [("", f'{label},outcome="{o}"', n) for o, n in sorted(self.requests.items())],
-            )  # fmt: skip
-            metric("prompt_tokens", "counter", "Prompt tokens read.", [("_total", label, self.prompt_tokens)])
-            metric(
-                "generation_tokens",
-                "counter",
-                "Tokens generated.",
-                [("_total", label, self.generation_tokens)],
-            )
-            metric(
-                "spec_decode_num_drafts",
-                "counter",
-                "Speculative rounds that drafted.",
-                [("_total", label, self.num_drafts)],
-            )
-            metric(
-                "spec_decode_num_draft_tokens",
-                "counter",
-                "Draft tokens proposed.",
-                [("_total", label, self.num_draft_tokens)],
-            )
-            metric(
-                "spec_decode_num_accepted_tokens",
-                "counter",
-                "Draft tokens accepted.",
-                [("_total", label, self.num_accepted_tokens)],
-            )
-            metric(
-                PER_POS_NAME, "counter", "Draft tokens accepted at each position of a round.",
-                [("_total", f'{label},position="{i}"', n) for i, n in enumerate(self.accepted_per_pos)],
-            )  # fmt: skip
-            metric("queue_depth", "gauge", "Requests waiting or running.", [("", label, self.queue_depth)])
+            families = [
+                counter(
+                    "request", "Chat completion requests by outcome.",
+                    [({"outcome": o}, n) for o, n in sorted(self.requests.items())],
+                ),
+                counter("prompt_tokens", "Prompt tokens read.", [({}, self.prompt_tokens)]),
+                counter("generation_tokens", "Tokens generated.", [({}, self.generation_tokens)]),
+                counter("spec_decode_num_drafts", "Speculative rounds that drafted.", [({}, self.num_drafts)]),
+                counter("spec_decode_num_draft_tokens", "Draft tokens proposed.", [({}, self.num_draft_tokens)]),
+                counter(
+                    "spec_decode_num_accepted_tokens", "Draft tokens accepted.", [({}, self.num_accepted_tokens)]
+                ),
+                counter(
+                    PER_POS_NAME, "Draft tokens accepted at each position of a round.",
+                    [({"position": str(i)}, n) for i, n in enumerate(self.accepted_per_pos)],
+                ),
+            ]  # fmt: skip
+            depth = Metric(f"{PREFIX}:queue_depth", "Requests waiting or running.", "gauge")
+            depth.add_sample(f"{PREFIX}:queue_depth", label, self.queue_depth)
             latencies = list(self.cancel_latencies_s)
-            samples = [
-                ("", f'{label},quantile="{q}"', quantile(latencies, q)) for q in (0.5, 0.95) if latencies
-            ]
-            samples += [("_sum", label, sum(latencies)), ("_count", label, len(latencies))]
-            metric("cancel_latency_seconds", "summary", "Client disconnect to engine stop.", samples)
-        return "\n".join(lines) + "\n"
+        name = f"{PREFIX}:cancel_latency_seconds"
+        summary = Metric(name, "Client disconnect to engine stop.", "summary")
+        for q in (0.5, 0.95) if latencies else ():
+            summary.add_sample(name, {**label, "quantile": str(q)}, quantile(latencies, q))
+        summary.add_sample(f"{name}_sum", label, sum(latencies))
+        summary.add_sample(f"{name}_count", label, len(latencies))
+        return [*families, depth, summary]
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Snapshot:
+    """A collector that hands prometheus_client the families taken under the metrics' lock."""
 
+    def __init__(self, families: list[Metric]):
+        self.families = families
 
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-_SAMPLE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$"
-)
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) for every sample line of a Prometheus text page; comments are skipped."""
-    samples = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        labels = {
-            k: bytes(v, "utf-8").decode("unicode_escape") for k, v in _LABEL.findall(match["labels"] or "")
-        }
-        samples.append((match["name"], labels, value))
-    return samples
-
-
-@dataclass(frozen=True)
-class SpecCounters:
-    """The speculative counters of one /metrics page, summed over engines and models."""
-
-    num_drafts: float
-    num_draft_tokens: float
-    num_accepted_tokens: float
-    accepted_per_pos: tuple[float, ...]
-
-    def minus(self, before: SpecCounters) -> SpecCounters:
-        positions = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
-        pad = lambda values: list(values) + [0.0] * (positions - len(values))  # noqa: E731
-        return SpecCounters(
-            self.num_drafts - before.num_drafts,
-            self.num_draft_tokens - before.num_draft_tokens,
-            self.num_accepted_tokens - before.num_accepted_tokens,
-            tuple(
-                a - b for a, b in zip(pad(self.accepted_per_pos), pad(before.accepted_per_pos), strict=True)
-            ),
-        )
-
-
-def spec_counters(text: str) -> SpecCounters | None:
-    """vLLM-style speculative counters under any prefix (vllm:, tandem:); None when the page has none."""
-    totals = dict.fromkeys(SPEC_NAMES, 0.0)
-    per_pos: dict[int, float] = {}
-    found = False
-    for name, labels, value in parse_prometheus(text):
-        base = name.split(":", 1)[-1].removesuffix("_total")
-        if base in totals:
-            totals[base] += value
-            found = True
-        elif base == PER_POS_NAME and "position" in labels:
-            position = int(labels["position"])
-            per_pos[position] = per_pos.get(position, 0.0) + value
-            found = True
-    if not found:
-        return None
-    accepted_per_pos = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
-    return SpecCounters(*(totals[n] for n in SPEC_NAMES), accepted_per_pos)
+    def collect(self) -> list[Metric]:
+        return self.families

@@ -3,7 +3,7 @@
 Each round the target's verify forward hands back its features for the positions it kept
 (`observe_target`); the head appends one entry per position to its own small KV cache, then drafts
 K tokens autoregressively, feeding back its own output where the target's features are not known
-yet. See engine.models.head for the layer itself.
+yet. See engine.heads.head for the layer itself.
 
 Sampling: the head's distribution lives on N draft ids; it is warped (temperature, top-k, top-p)
 there and scattered to the target's vocabulary with zeros elsewhere, so the loop's accept/reject
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from engine.decoding.drafters.base import Cancelled, Draft, Drafter, common_prefix_length, empty_draft
 from engine.decoding.sampling import probs_from_logits, sample
-from engine.models.head import DraftHead
+from engine.heads.head import DraftHead
 from engine.runtime.attention import attend_rows, rows_kernel_for
 from engine.settings import SamplingSettings
 
@@ -41,7 +41,7 @@ class HeadDrafter(Drafter):
         name="head",
         weights: str | None = None,
     ):
-        from engine.models.head_quant import dtype_name
+        from engine.heads.quant import dtype_name
 
         self.head = head
         # the precision it runs at here, for the app
@@ -249,9 +249,9 @@ def head_drafter(
     """A HeadDrafter for `target` (a LoadedModel) on its runner: the head in folder `source`, or the
     one Tandem ships for this target. `draft_vocab` keeps only the N most frequent draft tokens, or
     widens the vocabulary to N with the target's own rows (DraftHead.widened). `quantize`: 8-bit
-    blocks where they run and agree with float32 here (engine.models.head_quant)."""
-    from engine.models import head_quant
-    from engine.models.head import find_head, load_head
+    blocks where they run and agree with float32 here (engine.heads.quant)."""
+    from engine.heads import quant as head_quant
+    from engine.heads.head import find_head, load_head
     from engine.runtime import row_linear
 
     folder = find_head(target, source)

@@ -5,8 +5,8 @@ block; the activations are quantized on each call to INT8 blocks of 32, each wit
 the block products are integer dot products (AVX-512 VNNI, AVX2, or portable C++). A GGUF's Q4_1
 block (w = d·q + m) is one of these blocks as it stands, so a 4-bit target can hold a GGUF's weights.
 
-The kernel is C++ (engine/models/native/block_quant.cpp, built on first use by
-engine.models.native_ops). It is registered as the torch op
+The kernel is C++ (engine/kernels/native/block_quant.cpp, built on first use by
+engine.kernels.native_ops). It is registered as the torch op
 `tandem_block_quant::linear`, so compiled forwards call it like any other op. Without a C++ compiler
 (the installed bundle) the kernels are unavailable and the kernel list says why.
 """
@@ -18,8 +18,8 @@ import functools
 import torch
 from torch import nn
 
-from engine.models import native_ops
-from engine.models.cpu_features import cpu_flags, has_avx2
+from engine.kernels import native_ops
+from engine.kernels.cpu_features import cpu_flags, has_avx2
 
 BLOCK = 32
 PAIR = 2 * BLOCK  # the kernel works on pairs of blocks

@@ -1,7 +1,7 @@
 """What serving over HTTP costs per token: the same ChatEngine answering the same prompts in-process
 and through `tandem-cli serve`'s app on the loopback (streamed, read by RemoteEngine), interleaved.
 
-    python -m engine.server.overhead [--repeats 3] [--max-new-tokens 64] [--draft none|ngram]
+    python -m engine.bench.overhead [--repeats 3] [--max-new-tokens 64] [--draft none|ngram]
 
 Every reply is greedy and starts from empty caches, so both paths generate the same tokens; the
 figure is (served time - in-process time) / tokens, each time taken around the call that answers.
@@ -25,11 +25,11 @@ PROMPTS = [
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from engine.cli.serve import bind_socket
     from engine.models.builtin import DEFAULT_TARGET
     from engine.models.loading import load_model
     from engine.remote import RemoteEngine
     from engine.server.app import create_app
+    from engine.server.listen import bind_socket
     from engine.session import ChatEngine
     from engine.settings import SamplingSettings, SpeculationSettings
 

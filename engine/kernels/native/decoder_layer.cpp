@@ -79,7 +79,7 @@ __attribute__((target("avx2,fma"))) void silu_mul_row(const float* gate, const f
 #endif
 
 // x W^T + b: W is [weight] for the float row kernel (bits 0), or [qweight, scales, mins] in 4- or 8-bit
-// blocks (block_quant.cpp; its bias added after, as engine.models.block_quant.BlockQuantLinear does).
+// blocks (block_quant.cpp; its bias added after, as engine.kernels.block_quant.BlockQuantLinear does).
 torch::Tensor project(const torch::Tensor& x, at::TensorList weight, const c10::optional<torch::Tensor>& bias,
                       int64_t bits, const std::string& path) {
   if (bits == 0) {

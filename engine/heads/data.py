@@ -1,18 +1,18 @@
-"""The prompts a draft head trains on, in the recipe's shares: generated instructions (head_prompts),
-questions the target asks in a user's voice (head_questions), and work on texts it writes first
-(head_passages)."""
+"""The prompts a draft head trains on, in the recipe's shares: generated instructions (engine.heads.prompts),
+questions the target asks in a user's voice (engine.heads.questions), and work on texts it writes first
+(engine.heads.passages)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from engine.models.head_passages import tasks_on_written, write_timed, writing_requests
-from engine.models.head_prompts import training_instructions
-from engine.models.head_questions import questions_asked
+from engine.heads.passages import tasks_on_written, write_timed, writing_requests
+from engine.heads.prompts import training_instructions
+from engine.heads.questions import questions_asked
 
 
 def training_prompts(loaded, recipe, device, work: Path) -> list[list[int]]:
-    """Chat-formatted prompt ids for `recipe.prompts` instructions: the generated ones of head_prompts,
+    """Chat-formatted prompt ids for `recipe.prompts` instructions: the generated ones of engine.heads.prompts,
     then a `recipe.asked_share` of them that the target asks, then a `recipe.written_share` over texts
     the target writes first."""
     from engine.models.chat_template import chat_prompt_ids

@@ -13,7 +13,7 @@ Families:
   measured on the check's probe text (engine.models.quant_check), in the same forward that gives the
   float logits. `-plain` is torch.ao's stock `quantize_dynamic`, kept so
   the report can show what it does on this machine.
-- block INT8/INT4 (engine.models.block_quant): weights in blocks of 32 as in a GGUF's Q8_0 and
+- block INT8/INT4 (engine.kernels.block_quant): weights in blocks of 32 as in a GGUF's Q8_0 and
   Q4_1, activations quantized per block of 32 on each call, integer dot products (AVX-512 VNNI,
   AVX2 or portable C++ built on first use).
 - weight-only INT8: INT8 weights, scale per output channel, float activations.
@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.cpu_features import has_vnni
-from engine.models.quant_smoothing import (
+from engine.kernels.cpu_features import has_vnni
+from engine.kernels.quant_smoothing import (
     fold_smoothing,
     replace_linears,
     untie_lm_head,
@@ -206,7 +206,7 @@ class Kernel:
     # value on either side and pick different tokens, so such a target is not drafted for.
     rounds_activations: bool = False
     # Its layers run on the fused, compiled fast path, each verify row alike whatever their number
-    # (engine.models.block_quant), where other CPU kernels leave the forward eager and unfused.
+    # (engine.kernels.block_quant), where other CPU kernels leave the forward eager and unfused.
     fast_path: bool = False
 
     def unavailable_reason(self) -> str | None:
@@ -244,7 +244,7 @@ def _dynamic(engine: str) -> Callable:
 
 def _block(bits: int) -> Callable:
     def make(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
-        from engine.models import block_quant
+        from engine.kernels import block_quant
 
         error = block_quant.build_error()
         if error is not None:

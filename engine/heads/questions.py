@@ -1,7 +1,7 @@
 """Questions and requests the target writes itself, in a user's voice, for the draft head's training.
 
 Templates give the head many instructions of a few shapes; a head trained on them predicted the target
-well on more of the same and much worse on other kinds of prompt (head_prompts). Asking the target to
+well on more of the same and much worse on other kinds of prompt (engine.heads.prompts). Asking the target to
 write what a given person might ask, sampled, gives shapes no template has: role-play, opinions,
 odd phrasings, multi-part requests. Nothing here comes from a public benchmark or from Tandem's
 evaluation prompts.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from engine.models.head_passages import JOBS, NAMES, PRODUCTS, write_timed
-from engine.models.head_prompts import ACTIVITIES, LANGUAGES, TOPICS, distinct
+from engine.heads.passages import JOBS, NAMES, PRODUCTS, write_timed
+from engine.heads.prompts import ACTIVITIES, LANGUAGES, TOPICS, distinct
 
 ASKERS = (
     "a student", "a parent", "a programmer", "a small-business owner", "a retired teacher", "a nurse",

@@ -3,7 +3,7 @@ distributions from the target's own hidden states.
 
 Two stages, saved under `<out>/work/` so an interrupted run resumes where it stopped:
 
-1. answers:  the target answers generated instructions (engine.models.head_prompts), batched;
+1. answers:  the target answers generated instructions (engine.heads.prompts), batched;
    while it generates, forward hooks keep the hidden states the head reads (no second pass); the
    target's probability mass per token over the answers picks the draft vocabulary (N ids);
 2. training: the head predicts, at every position, the target's distribution over the draft
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import SettingsError
-from engine.models.head import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
+from engine.heads.head import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
 
 
 @dataclass
@@ -40,7 +40,7 @@ class TrainRecipe:
     lr: float = 1e-3
     warmup: int = 50
     temperature: float = 0.7  # half the answers are sampled at this temperature, half greedy
-    # of the prompts: work on a text the target wrote first (engine.models.head_passages)
+    # of the prompts: work on a text the target wrote first (engine.heads.passages)
     written_share: float = 0.0
     # of the prompts: questions and requests the target writes itself, in the voice of a user
     asked_share: float = 0.0

@@ -1,7 +1,7 @@
 """Texts the target writes itself, for the draft head's training instructions that work on a pasted text.
 
 People paste emails, notes, reviews, reports and adverts into a chat and ask for a summary, the facts
-in them, an answer from them or a translation. The standard library's docstrings (head_prompts) are
+in them, an answer from them or a translation. The standard library's docstrings (engine.heads.prompts) are
 all technical prose; a head trained on them alone kept 0.21-0.23 top-1 on such tasks against 0.36-0.43
 on explanations, code and arithmetic. So the target first writes short everyday texts from the
 requests below (sampled, batched), then instructions are built over them. Nothing here comes from a
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from engine.models.head_prompts import ACTIVITIES, TOPICS, TRANSLATION_LANGUAGES, distinct
+from engine.heads.prompts import ACTIVITIES, TOPICS, TRANSLATION_LANGUAGES, distinct
 
 NAMES = (
     "Amara", "Bruno", "Chen Wei", "Dana", "Elif", "Farid", "Greta", "Hiro", "Ines", "Jamal", "Katya",
@@ -120,8 +120,8 @@ def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, 
                    progress=None, name: str = "passages", keep=tidy) -> list[tuple[str, str]]:  # fmt: skip
     """The target writes a text for each request (sampled at T = 0.8, batched); kept in work/<name>.json
     so an interrupted run resumes. Returns (kind, keep(text)) for the texts `keep` does not drop (None)."""
+    from engine.heads.training import left_padded
     from engine.models.chat_template import chat_prompt_ids
-    from engine.models.head_training import left_padded
 
     path = work / f"{name}.json"
     # [{"request", "text"}]: a run with other requests keeps only the texts written for its own
@@ -158,7 +158,7 @@ def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, 
 
 def write_timed(loaded, requests, device, work: Path, batch: int, desc: str, cost_part: str, **options):
     """write_passages with a progress bar; its first run's time is kept in work/cost.json under
-    `cost_part` (head_training adds the stages up)."""
+    `cost_part` (engine.heads.training adds the stages up)."""
     from tqdm.auto import tqdm
 
     work.mkdir(parents=True, exist_ok=True)

@@ -352,7 +352,7 @@ __attribute__((target(BLOCKQ_AVX2))) void rows_avx2(const uint8_t* weights, cons
 // A pass takes four weight rows and up to four activation rows: each weight pair is unpacked once
 // for all of them, and each (weight row, activation row) accumulator sees the same operations in the
 // same order whatever the number of rows. Each group of four weight rows first asks for the rows
-// kVnniAhead on into L2, as the float kernel does (engine/models/native/row_linear.cpp).
+// kVnniAhead on into L2, as the float kernel does (engine/kernels/native/row_linear.cpp).
 
 constexpr int64_t kVnniRows = 4;    // weight rows per pass
 constexpr int64_t kVnniChunk = 4;   // activation rows per pass, at most

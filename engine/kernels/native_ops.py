@@ -1,9 +1,9 @@
-"""Tandem's C++ CPU kernels (engine/models/native/*.cpp), built once with torch's extension builder.
+"""Tandem's C++ CPU kernels (engine/kernels/native/*.cpp), built once with torch's extension builder.
 
 One extension holds them all, so a first start compiles once (about 30 s on 2 cores) and every later
 start loads the library from the cache folder (per torch version; ninja rebuilds a changed source).
 Each source registers its own torch op namespace: `tandem_block_quant` (block-quantized layers,
-engine.models.block_quant), `tandem_row_linear` (the float linear of decoding and verification,
+engine.kernels.block_quant), `tandem_row_linear` (the float linear of decoding and verification,
 engine.runtime.row_linear), `tandem_attention` (attention row by row, engine.runtime.attention) and
 `tandem_layer` (a whole decoder layer in one call, float or block-quantized, engine.runtime.fused_layer). Where
 they cannot be built or loaded, each caller says why and takes its float path.

@@ -25,9 +25,9 @@ import hashlib
 import torch
 from torch import nn
 
+from engine.heads.head import DraftHead
+from engine.heads.training import chained_log_probs
 from engine.models import quant_check
-from engine.models.head import DraftHead
-from engine.models.head_training import chained_log_probs
 
 MIN_AGREEMENT = 0.95
 KERNEL = "head-int8-block-q8_0"
@@ -36,7 +36,7 @@ VERSION = 2
 
 def unavailable_reason(head: DraftHead) -> str | None:
     """None when the block kernel can hold this head here, else why the head stays float."""
-    from engine.models import block_quant
+    from engine.kernels import block_quant
 
     if head.device.type != "cpu":
         return f"the block kernel is for CPUs, and the head runs on {head.device.type}"
@@ -67,7 +67,7 @@ def dtype_name(head: DraftHead) -> str:
 
 def quantized_copy(head: DraftHead) -> DraftHead:
     """A copy of `head` whose LM head and layer projections hold 8-bit blocks (`fc` still float)."""
-    from engine.models.block_quant import BlockQuantLinear
+    from engine.kernels.block_quant import BlockQuantLinear
 
     quantized = copy.deepcopy(head)
     for name, layer in quantized_layers(quantized).items():

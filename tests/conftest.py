@@ -52,9 +52,18 @@ def builtin_tokenizer(builtin_folder):
 
 @pytest.fixture(scope="session")
 def builtin_model(builtin_folder):
+    """The built-in model at fp32: its GGUF's blocks dequantized (the `--precision fp32` choice)."""
     from engine.models.loading import load_model
 
-    return load_model(DEFAULT_TARGET, device="cpu", dtype="float32")
+    return load_model(DEFAULT_TARGET, device="cpu", precision="fp32")
+
+
+@pytest.fixture(scope="session")
+def native_builtin():
+    """The built-in model as it runs by default on a CPU: its GGUF file's own blocks."""
+    from engine.models.loading import load_model
+
+    return load_model(DEFAULT_TARGET, device="cpu")
 
 
 @pytest.fixture(scope="session")

@@ -285,7 +285,12 @@ def target_fingerprint(model) -> str:
         f"{config.model_type}:{config.num_hidden_layers}:{config.hidden_size}:{config.vocab_size}".encode()
     )
     with torch.no_grad():
-        rows = model.get_input_embeddings().weight[::97].detach().to("cpu", torch.bfloat16)
+        embedding = model.get_input_embeddings()
+        if hasattr(embedding, "rows"):  # a GGUF file's own blocks (engine.kernels.gguf_quant): the same rows
+            rows = embedding.rows(torch.arange(0, embedding.num_embeddings, 97))
+        else:
+            rows = embedding.weight[::97]
+        rows = rows.detach().to("cpu", torch.bfloat16)
         digest.update(rows.view(torch.int16).numpy().tobytes())
         digest.update(
             model.model.norm.weight.detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes()
@@ -348,6 +353,15 @@ def eagle3_config(raw: dict, target_config) -> HeadConfig:
     )
 
 
+def head_rows(linear, ids: torch.Tensor, folder) -> torch.Tensor:
+    """Rows `ids` of the target's LM head as float32 on the CPU; a head on a GGUF file's own blocks
+    dequantizes only those rows."""
+    if hasattr(linear, "rows"):  # engine.kernels.gguf_quant.GGUFLinear
+        return linear.rows(ids).to("cpu", torch.float32)
+    weight = float_weight(linear, folder)
+    return weight[ids.to(weight.device)].to("cpu", torch.float32)
+
+
 def float_weight(linear, folder) -> torch.Tensor:
     """A linear layer's weight as floats, dequantized where the target is quantized."""
     if isinstance(getattr(linear, "weight", None), torch.Tensor):
@@ -403,8 +417,7 @@ def load_head(folder: Path | str, target_model, device=None, dtype=None) -> Draf
     draft_ids = torch.arange(config.draft_vocab_size) + state.pop("d2t").long()
     state.pop("t2d", None)
     if not config.own_lm_head:
-        target_head = float_weight(target_model.get_output_embeddings(), folder)
-        state["lm_head.weight"] = target_head[draft_ids.to(target_head.device)].to("cpu", torch.float32)
+        state["lm_head.weight"] = head_rows(target_model.get_output_embeddings(), draft_ids, folder)
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [m for m in missing if m not in ("d2t", "t2d")]
     if missing or unexpected:

@@ -192,9 +192,12 @@ def shares_buffers(layers: list[BlockQuantLinear], fused: BlockQuantLinear) -> b
 
 
 def rounds_activations_per_row(module: nn.Module) -> bool:
-    """Whether `module`'s layers round activations per row, alike whatever the number of rows: a
-    forward's verify rows are then bit for bit its one-token steps only if attention is too."""
-    return any(type(child) is BlockQuantLinear for child in module.modules())
+    """Whether `module`'s layers round activations per row, alike whatever the number of rows (block
+    layers, and layers on a GGUF file's own blocks): a forward's verify rows are then bit for bit its
+    one-token steps only if attention is too."""
+    from engine.kernels.gguf_quant import GGUFLinear
+
+    return any(type(child) in (BlockQuantLinear, GGUFLinear) for child in module.modules())
 
 
 def prefill_chunk_for(model: nn.Module) -> int:

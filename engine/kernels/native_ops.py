@@ -5,7 +5,8 @@ start loads the library from the cache folder (per torch version; ninja rebuilds
 Each source registers its own torch op namespace: `tandem_block_quant` (block-quantized layers,
 engine.kernels.block_quant), `tandem_row_linear` (the float linear of decoding and verification,
 engine.runtime.row_linear), `tandem_attention` (attention row by row, engine.runtime.attention) and
-`tandem_layer` (a whole decoder layer in one call, float or block-quantized, engine.runtime.fused_layer). Where
+`tandem_layer` (a whole decoder layer in one call, float or block-quantized, engine.runtime.fused_layer) and
+`tandem_gguf` (layers on a GGUF file's own blocks, engine.kernels.gguf_quant). Where
 they cannot be built or loaded, each caller says why and takes its float path.
 
 The installed bundle has no compiler: packaging builds the library once and ships it in the bundle's
@@ -51,6 +52,7 @@ def build_error() -> str | None:
         (ops.tandem_block_quant, "linear"),
         (ops.tandem_attention, "attend"),
         (ops.tandem_layer, "decoder_layer"),
+        (ops.tandem_gguf, "linear"),
     )
     if all(hasattr(namespace, name) for namespace, name in loaded):
         return None

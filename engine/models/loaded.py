@@ -16,7 +16,7 @@ class LoadedModel:
     tokenizer: Any
     device: Any  # torch.device
     dtype: Any  # torch.dtype of the activations
-    quantization: str = "none"  # "none", "int8" or "int4"
+    quantization: str = "none"  # "none", "int8", "int4", or "gguf" (a GGUF file on its own blocks)
     path: Path | None = None
     info: dict = field(default_factory=dict)
 

@@ -13,7 +13,10 @@ from pathlib import Path
 
 from engine.errors import ModelFormatError, ModelNotFoundError
 from engine.models.builtin import (
+    BUILTIN_PREFIX,
     ProgressCallback,
+    builtin_entry,
+    builtin_gguf_path,
     convert_gguf_to_folder,
     ensure_builtin,
     is_builtin,
@@ -201,9 +204,12 @@ def load_model(
     if precision is not None:
         dtype, quantization = precision_settings(precision, dtype, quantization)
     validate_mode(quantization)
+    torch_device = resolve_device(device)
+    native = native_gguf_file(spec, torch_device, precision, quantization, dtype)
+    if native is not None:
+        return load_native_gguf(spec, native, progress)
     folder = resolve_folder(spec, progress)
     check_model_folder(folder)
-    torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     tokenizer = load_tokenizer(folder)
     if torch_device.type == "cpu":  # the fast path's kernels: built once, said while it runs
@@ -239,6 +245,51 @@ def load_model(
     return LoadedModel(
         spec, model, tokenizer, torch_device, torch_dtype, quantization, path=folder, info=info
     )
+
+
+def native_gguf_file(spec: str, device, precision: str | None, quantization: str, dtype: str) -> Path | None:
+    """The GGUF file a spec names when it runs on its own blocks: a GGUF (or built-in) model on the
+    CPU at its default precision. None for a float or requantized choice, a GPU, or a folder."""
+    if (
+        device.type != "cpu"
+        or precision is not None
+        or quantization != "none"
+        or dtype not in ("auto", "float32")
+    ):
+        return None
+    kind = spec_kind(spec)
+    if kind == "builtin":
+        return builtin_gguf_path(builtin_entry(spec))
+    if kind == "gguf":
+        path = Path(spec).expanduser()
+        with path.open("rb") as handle:
+            if handle.read(4) != b"GGUF":
+                raise ModelFormatError(f"'{path}' is not a GGUF file (its header is wrong).")
+        return path
+    return None
+
+
+def load_native_gguf(spec: str, path: Path, progress: ProgressCallback | None = None) -> LoadedModel:
+    """A GGUF file on the CPU as it is: its quantized blocks are the target (engine.models.gguf_native)."""
+    import torch
+
+    from engine.kernels import native_ops
+    from engine.models.gguf_native import load_native, metadata_folder
+    from engine.models.memory import model_memory_bytes
+
+    native_ops.build(progress)
+    name = spec.removeprefix(BUILTIN_PREFIX) if is_builtin(spec) else None
+    folder = metadata_folder(path, name)
+    model, tokenizer, info = load_native(path, folder, progress)
+    info.update(
+        memory_bytes=model_memory_bytes(model),
+        quantization_note=(
+            f"{info['precision']}: the file's own quantized blocks, computed on as they are "
+            "(integer dot products on INT8 activations); its output is this file's, as llama.cpp runs it."
+        ),
+    )
+    cpu = torch.device("cpu")
+    return LoadedModel(spec, model, tokenizer, cpu, torch.float32, "gguf", path=folder, info=info)
 
 
 def precision_name(dtype, quantization: str) -> str:

@@ -126,9 +126,12 @@ def load_time_quantization(mode: str, device, dtype) -> dict[str, Any]:
 
 
 def rounds_activations(loaded) -> bool:
-    """Whether a loaded model's kernel rounds activations per call (see quant_kernels.Kernel)."""
+    """Whether a loaded model's kernel rounds activations per call (see quant_kernels.Kernel); a GGUF
+    file run on its own blocks does (engine.kernels.gguf_quant)."""
     from engine.kernels.quant_kernels import KERNELS
 
+    if loaded.quantization == "gguf":
+        return True
     kernel = KERNELS.get(loaded.info.get("kernel") or "")
     return loaded.quantization != "none" and kernel is not None and kernel.rounds_activations
 

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from engine.kernels import native_ops
 from engine.kernels.block_quant import BlockQuantLinear, concatenated, shares_buffers
+from engine.kernels.gguf_quant import GGUFParts, all_gguf
 from engine.runtime import row_linear
 from engine.runtime.attention import attend, attend_rows
 
@@ -98,7 +99,7 @@ def fusable_reason(layer, config) -> str | None:
         mlp.up_proj,
         mlp.down_proj,
     )
-    if not _same_block_quant(projections):
+    if not (_same_block_quant(projections) or all_gguf(projections)):
         if not all(_plain_linear(p) for p in projections):
             return "quantized or offloaded projections"
         if len({p.weight.dtype for p in projections}) != 1:
@@ -164,8 +165,14 @@ class FusedLayer(nn.Module):
         qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
         gate_up = [mlp.gate_proj, mlp.up_proj]
         self.qkv_quant = self.gate_up_quant = None  # fused block-quantized projections, if quantized
+        self.block_types: list[int] = []  # GGUF parts' block types, in decoder_layer.cpp's order
         cached = _FUSED.get(layer)
-        if _same_block_quant(qkv + gate_up):
+        if all_gguf(qkv + gate_up + [attn.o_proj, mlp.down_proj]):
+            self.qkv_quant, self.gate_up_quant = GGUFParts(qkv), GGUFParts(gate_up)
+            parts = qkv + [attn.o_proj] + gate_up + [mlp.down_proj]
+            self.block_types = [part.block_type for part in parts]
+            qkv_weight = qkv_bias = gate_up_weight = None
+        elif _same_block_quant(qkv + gate_up):
             if cached is None or not (shares_buffers(qkv, cached[0]) and shares_buffers(gate_up, cached[1])):
                 cached = _FUSED[layer] = (concatenated(qkv), concatenated(gate_up))
             self.qkv_quant, self.gate_up_quant = cached
@@ -200,7 +207,8 @@ class FusedLayer(nn.Module):
             qkv, o, gate_up, down, bits, path = self._projections()
             return torch.ops.tandem_layer.decoder_layer(
                 x[0], self.input_norm.weight, self.post_norm.weight, self.eps, qkv, self._qkv_bias(), o,
-                self.o_proj.bias, gate_up, down, self.down_proj.bias, bits, cos[:, 0], sin_signed[:, 0],
+                self.o_proj.bias, gate_up, down, self.down_proj.bias, bits, self.block_types, cos[:, 0],
+                sin_signed[:, 0],
                 kv_cache.k_cache, kv_cache.v_cache, slots, lengths, visible, H, path,
             ).unsqueeze(0)  # fmt: skip
         G = H // KV
@@ -233,8 +241,12 @@ class FusedLayer(nn.Module):
         return x + row_linear.project(self.down_proj, F.silu(gate) * up, self.linear_path)
 
     def _projections(self) -> tuple[list, list, list, list, int, str]:
-        """The four projections' tensors as decoder_layer.cpp takes them, with their bits (0: float)
-        and their kernel's code path."""
+        """The four projections' tensors as decoder_layer.cpp takes them, with their bits (0: float;
+        -1: GGUF parts of `block_types`) and their kernel's code path."""
+        if self.block_types:
+            layers = self.qkv_quant, self.o_proj, self.gate_up_quant, self.down_proj
+            blocks = (layer.blocks if isinstance(layer, GGUFParts) else [layer.blocks] for layer in layers)
+            return *blocks, -1, self.qkv_quant.path
         if self.qkv_quant is None:
             weights = self.qkv_weight, self.o_proj.weight, self.gate_up_weight, self.down_proj.weight
             return *([w] for w in weights), 0, self.linear_path

@@ -57,10 +57,10 @@ def rotate_half(x: Tensor) -> Tensor:
 
 # Raised whenever FastLlama.forward's graph, or the set of graphs a runner builds, changes (5: the
 # token-tree graph; 6: a layer on Tandem's kernels in one call, engine.runtime.fused_layer; 7: without
-# inductor's per-call size asserts, engine.runtime.compile_cache): a
+# inductor's per-call size asserts, engine.runtime.compile_cache; 8: the one-call layer takes GGUF parts): a
 # compile build's marker (engine.runtime.compile_build) names the version it built, so new graphs
 # are built in the background again instead of compiled from a cold cache before "Ready".
-GRAPH_VERSION = 7
+GRAPH_VERSION = 8
 
 
 class FastLlama(nn.Module):

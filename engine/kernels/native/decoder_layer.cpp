@@ -1,5 +1,6 @@
 // One Llama/Qwen2 decoder layer in one call, for decoding, verification and short prompts: float32 weights
-// on row_linear.cpp, or 4- and 8-bit blocks on block_quant.cpp (a quantized draft), activations float32.
+// on row_linear.cpp, 4- and 8-bit blocks on block_quant.cpp (a quantized draft), or a GGUF file's own
+// blocks on gguf_quant.cpp (a GGUF target), activations float32.
 //
 // Why: at one token a step of the built-in model is 30 layers of a few hundred-row matmuls and about
 // ten small ops around them per layer (two norms, RoPE, the cache writes, attention, SiLU, two
@@ -37,6 +38,8 @@ torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache
                             const c10::optional<torch::Tensor>& lengths, const c10::optional<torch::Tensor>& mask);
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
                      const torch::Tensor& mins, int64_t bits, const std::string& path);  // block_quant.cpp
+torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::IntArrayRef types,
+                          const std::string& path);  // gguf_quant.cpp
 
 namespace {
 
@@ -78,10 +81,18 @@ __attribute__((target("avx2,fma"))) void silu_mul_row(const float* gate, const f
 }
 #endif
 
-// x W^T + b: W is [weight] for the float row kernel (bits 0), or [qweight, scales, mins] in 4- or 8-bit
-// blocks (block_quant.cpp; its bias added after, as engine.kernels.block_quant.BlockQuantLinear does).
+constexpr int64_t kGGUF = -1;  // `bits` of projections on a GGUF file's own blocks (gguf_quant.cpp)
+
+// x W^T + b: W is [weight] for the float row kernel (bits 0), [qweight, scales, mins] in 4- or 8-bit
+// blocks (block_quant.cpp; its bias added after, as engine.kernels.block_quant.BlockQuantLinear does), or
+// (bits kGGUF) GGUF block parts of block types `types`, side by side.
 torch::Tensor project(const torch::Tensor& x, at::TensorList weight, const c10::optional<torch::Tensor>& bias,
-                      int64_t bits, const std::string& path) {
+                      int64_t bits, at::IntArrayRef types, const std::string& path) {
+  if (bits == kGGUF) {
+    torch::Tensor y = gguf_linear(x, weight, types, path);
+    if (bias.has_value() && bias->defined()) y.add_(*bias);
+    return y;
+  }
   if (bits == 0) {
     TORCH_CHECK(weight.size() == 1, "decoder layer: a float projection is one weight");
     return row_linear(x, weight[0], bias, path);
@@ -93,6 +104,11 @@ torch::Tensor project(const torch::Tensor& x, at::TensorList weight, const c10::
 }
 
 int64_t out_features(at::TensorList weight, int64_t bits) {
+  if (bits == kGGUF) {
+    int64_t rows = 0;
+    for (const torch::Tensor& part : weight) rows += part.size(0);
+    return rows;
+  }
   return bits == 0 ? weight[0].size(0) : weight[1].size(0);  // the scales are [N, K/32]
 }
 
@@ -108,7 +124,8 @@ torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& inpu
                             double eps, at::TensorList qkv_weight, const c10::optional<torch::Tensor>& qkv_bias,
                             at::TensorList o_weight, const c10::optional<torch::Tensor>& o_bias,
                             at::TensorList gate_up_weight, at::TensorList down_weight,
-                            const c10::optional<torch::Tensor>& down_bias, int64_t bits, const torch::Tensor& cos_in,
+                            const c10::optional<torch::Tensor>& down_bias, int64_t bits, at::IntArrayRef types,
+                            const torch::Tensor& cos_in,
                             const torch::Tensor& sin_in, torch::Tensor& k_cache, torch::Tensor& v_cache,
                             const torch::Tensor& slots_in, const c10::optional<torch::Tensor>& lengths,
                             const c10::optional<torch::Tensor>& mask, int64_t n_heads, const std::string& path) {
@@ -134,12 +151,21 @@ torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& inpu
     TORCH_CHECK(sp[t] >= 0 && sp[t] < cache_slots, "decoder layer: a slot is outside the cache");
   const float* xp = x.data_ptr<float>();
   const float norm_eps = static_cast<float>(eps);
+  // GGUF projections: `types` lists every part's block type, qkv's first, then o's, gate/up's, down's
+  const int64_t counts[4] = {static_cast<int64_t>(qkv_weight.size()), static_cast<int64_t>(o_weight.size()),
+                             static_cast<int64_t>(gate_up_weight.size()), static_cast<int64_t>(down_weight.size())};
+  TORCH_CHECK(bits != kGGUF || static_cast<int64_t>(types.size()) == counts[0] + counts[1] + counts[2] + counts[3],
+              "decoder layer: one block type per GGUF part");
+  const at::IntArrayRef qkv_types = bits == kGGUF ? types.slice(0, counts[0]) : types;
+  const at::IntArrayRef o_types = bits == kGGUF ? types.slice(counts[0], counts[1]) : types;
+  const at::IntArrayRef gate_up_types = bits == kGGUF ? types.slice(counts[0] + counts[1], counts[2]) : types;
+  const at::IntArrayRef down_types = bits == kGGUF ? types.slice(counts[0] + counts[1] + counts[2], counts[3]) : types;
 
   torch::Tensor h = torch::empty({tokens, c}, x.options());
   float* hp = h.data_ptr<float>();
   const float* in_w = input_norm.data_ptr<float>();
   for_rows(tokens, c, [&](int64_t t) { rms_norm_row(xp + t * c, in_w, norm_eps, c, hp + t * c); });
-  const torch::Tensor qkv = project(h, qkv_weight, qkv_bias, bits, path);  // [T, (H + 2 KV) D]
+  const torch::Tensor qkv = project(h, qkv_weight, qkv_bias, bits, qkv_types, path);  // [T, (H + 2 KV) D]
 
   torch::Tensor q = torch::empty({tokens, heads, d}, x.options());
   const float* qkvp = qkv.data_ptr<float>();
@@ -160,21 +186,21 @@ torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& inpu
   });
   const torch::Tensor attended = row_attention(q, k_cache, v_cache, lengths, mask);  // [T, H, D]
 
-  torch::Tensor mid = project(attended.view({tokens, heads * d}), o_weight, o_bias, bits, path);  // + x below
+  torch::Tensor mid = project(attended.view({tokens, heads * d}), o_weight, o_bias, bits, o_types, path);  // + x below
   float* mp = mid.data_ptr<float>();
   const float* post_w = post_norm.data_ptr<float>();
   for_rows(tokens, c, [&](int64_t t) {
     for (int64_t i = 0; i < c; ++i) mp[t * c + i] = xp[t * c + i] + mp[t * c + i];
     rms_norm_row(mp + t * c, post_w, norm_eps, c, hp + t * c);
   });
-  const torch::Tensor gate_up = project(h, gate_up_weight, c10::nullopt, bits, path);  // [T, 2I]
+  const torch::Tensor gate_up = project(h, gate_up_weight, c10::nullopt, bits, gate_up_types, path);  // [T, 2I]
   const int64_t inner = gate_up.size(1) / 2;
   torch::Tensor act = torch::empty({tokens, inner}, x.options());
   const float* gup = gate_up.data_ptr<float>();
   float* ap = act.data_ptr<float>();
   for_rows(tokens, 2 * inner,
            [&](int64_t t) { silu_mul_row(gup + t * 2 * inner, gup + t * 2 * inner + inner, inner, ap + t * inner); });
-  torch::Tensor out = project(act, down_weight, down_bias, bits, path);
+  torch::Tensor out = project(act, down_weight, down_bias, bits, down_types, path);
   float* op = out.data_ptr<float>();
   for_rows(tokens, c, [&](int64_t t) {
     for (int64_t i = 0; i < c; ++i) op[t * c + i] = mp[t * c + i] + op[t * c + i];
@@ -189,7 +215,7 @@ TORCH_LIBRARY(tandem_layer, lib) {
   lib.def(
       "decoder_layer(Tensor x, Tensor input_norm, Tensor post_norm, float eps, Tensor[] qkv_weight, "
       "Tensor? qkv_bias, Tensor[] o_weight, Tensor? o_bias, Tensor[] gate_up_weight, Tensor[] down_weight, "
-      "Tensor? down_bias, int bits, Tensor cos, Tensor sin_signed, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
+      "Tensor? down_bias, int bits, int[] types, Tensor cos, Tensor sin_signed, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
       "Tensor? lengths, Tensor? mask, int n_heads, str path) -> Tensor");
 }
 

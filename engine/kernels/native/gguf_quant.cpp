@@ -1,0 +1,849 @@
+// Linear layers on a GGUF file's own quantized blocks, for the CPU: the weights stay exactly as the file
+// stores them (memory-mapped, never repacked), activations are quantized per call to INT8 blocks of 32.
+//
+// Formats (ggml's block layouts, as GGUF stores them; w is the weight a block holds):
+//   Q4_0  32 values, 18 bytes: fp16 d, 16 bytes of nibbles (value j low, j + 16 high)     w = d (q - 8)
+//   Q4_1  32 values, 20 bytes: fp16 d, fp16 m, nibbles as Q4_0                             w = d q + m
+//   Q5_0  32 values, 22 bytes: fp16 d, 32 high bits (bit j: value j), nibbles as Q4_0       w = d (q - 16)
+//   Q5_1  32 values, 24 bytes: fp16 d, fp16 m, high bits, nibbles                          w = d q + m
+//   Q8_0  32 values, 34 bytes: fp16 d, 32 int8                                             w = d q
+//   Q4_K 256 values, 144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins for eight
+//        sub-blocks of 32, 128 bytes of nibbles (bytes 32p..32p+31: sub-block 2p low, 2p+1 high)
+//                                                                          w = d sc_s q - dmin m_s
+//   Q5_K 256 values, 176 bytes: as Q4_K with 32 bytes of high bits before the nibbles (byte l, bit s:
+//        value l of sub-block s)                                           w = d sc_s q - dmin m_s
+//   Q6_K 256 values, 210 bytes: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales for
+//        sub-blocks of 16, fp16 d                                          w = d sc_s (q - 32)
+//
+// Arithmetic. Every weight is an unsigned integer u (q, or q + 128 for Q8_0) in a sub-block with a
+// float scale s and, in the affine formats (Q4_1, Q5_1, Q4_K, Q5_K), a float offset o per block of 32;
+// the symmetric formats subtract a bias b (8, 16, 32 or 128) from u. An activation block of 32 is
+// x ~ sx * xq, xq in -127..127. Then, per weight row and activation row,
+//   y = sum_blocks sx * (s * (dot(u, xq) - b * sum(xq)) + o * sum(xq))
+// The integer part is exact (an integer dot product started from -b * sum(xq) per group of four);
+// the float part is one fused multiply-add per group of four values, the offsets one dot product at
+// the end of the row.
+//
+// Row-exact: each output y[i, n] is computed by the same operations in the same order whatever the
+// number of activation rows, so a verify forward's rows are bit for bit the one-token steps' and
+// speculative decoding's greedy output is the target's own. Every row count takes this path (a prompt
+// too): one weight block is unpacked once for up to four activation rows.
+//
+// Code paths, chosen by the caller from the CPU's features: AVX-512 VNNI (a pass takes four weight
+// rows and up to four activation rows, 64 values at a time), AVX2 (32 values at a time) and portable
+// C++. Each is checked against the float weights the blocks hold (gguf's own dequantization) in the
+// tests, on the machine that runs them.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define GGUF_X86 1
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // activation block, and the unit of every format's float scale
+constexpr int64_t kPair = 64;   // values one AVX-512 step takes
+constexpr int64_t kTaskRows = 16;  // weight rows per parallel task, at the least
+
+enum Type : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
+                      Q6_K = 14, BF16 = 30 };
+
+struct Layout {
+  int64_t values, bytes;
+};
+
+Layout layout_of(int64_t type) {
+  switch (type) {
+    case Q4_0: return {32, 18};
+    case Q4_1: return {32, 20};
+    case Q5_0: return {32, 22};
+    case Q5_1: return {32, 24};
+    case Q8_0: return {32, 34};
+    case Q4_K: return {256, 144};
+    case Q5_K: return {256, 176};
+    case Q6_K: return {256, 210};
+    default: TORCH_CHECK(false, "gguf: unsupported block type ", type);
+  }
+}
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      exponent = 127 - 15 + 1;
+      while (!(mantissa & 0x400)) {
+        mantissa <<= 1;
+        --exponent;
+      }
+      bits = sign | (exponent << 23) | ((mantissa & 0x3FF) << 13);
+    }
+  } else if (exponent == 31) {
+    bits = sign | 0x7F800000 | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block s (0..7) from the 12 packed bytes.
+inline void k_scale_min(const uint8_t* q, int s, int& scale, int& min) {
+  if (s < 4) {
+    scale = q[s] & 63;
+    min = q[s + 4] & 63;
+  } else {
+    scale = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+    min = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+  }
+}
+
+// ---- the float weights a row holds (embeddings, tests) ----------------------------------------------
+
+void dequantize_row(const uint8_t* row, int64_t type, int64_t k, float* out) {
+  const Layout lay = layout_of(type);
+  for (int64_t b = 0; b < k / lay.values; ++b) {
+    const uint8_t* blk = row + b * lay.bytes;
+    float* y = out + b * lay.values;
+    switch (type) {
+      case Q4_0:
+      case Q4_1:
+      case Q5_0:
+      case Q5_1: {
+        const bool affine = type == Q4_1 || type == Q5_1, five = type == Q5_0 || type == Q5_1;
+        const float d = half_to_float(blk), m = affine ? half_to_float(blk + 2) : 0.f;
+        uint32_t high = 0;
+        if (five) std::memcpy(&high, blk + (affine ? 4 : 2), 4);
+        const uint8_t* qs = blk + (affine ? 4 : 2) + (five ? 4 : 0);
+        const int bias = affine ? 0 : (five ? 16 : 8);
+        for (int j = 0; j < 16; ++j) {
+          const int lo = (qs[j] & 0xF) | (five ? ((high >> j) & 1) << 4 : 0);
+          const int hi = (qs[j] >> 4) | (five ? ((high >> (j + 16)) & 1) << 4 : 0);
+          y[j] = affine ? d * lo + m : d * (lo - bias);
+          y[j + 16] = affine ? d * hi + m : d * (hi - bias);
+        }
+        break;
+      }
+      case Q8_0: {
+        const float d = half_to_float(blk);
+        for (int j = 0; j < 32; ++j) y[j] = d * static_cast<int8_t>(blk[2 + j]);
+        break;
+      }
+      case Q4_K:
+      case Q5_K: {
+        const float d = half_to_float(blk), dmin = half_to_float(blk + 2);
+        const uint8_t* scales = blk + 4;
+        const bool five = type == Q5_K;
+        const uint8_t* high = blk + 16;
+        const uint8_t* qs = blk + (five ? 48 : 16);
+        for (int s = 0; s < 8; ++s) {
+          int sc, mn;
+          k_scale_min(scales, s, sc, mn);
+          const float scale = d * sc, offset = dmin * mn;
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t byte = qs[(s / 2) * 32 + l];
+            int q = s % 2 ? byte >> 4 : byte & 0xF;
+            if (five) q |= ((high[l] >> s) & 1) << 4;
+            y[s * 32 + l] = scale * q - offset;
+          }
+        }
+        break;
+      }
+      case Q6_K: {
+        const float d = half_to_float(blk + 208);
+        const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t* ql = blk + 64 * half;
+          const uint8_t* qh = blk + 128 + 32 * half;
+          for (int l = 0; l < 32; ++l) {
+            const int q[4] = {(ql[l] & 0xF) | ((qh[l] & 3) << 4), (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4),
+                              (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4), (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)};
+            for (int t = 0; t < 4; ++t) {
+              const int v = 128 * half + 32 * t + l;
+              y[v] = d * scales[v / 16] * (q[t] - 32);
+            }
+          }
+        }
+        break;
+      }
+      default: TORCH_CHECK(false, "gguf: unsupported block type ", type);
+    }
+  }
+}
+
+// ---- activations -----------------------------------------------------------------------------------
+
+struct Activations {
+  int64_t k = 0, padded = 0;   // padded: k rounded up to 64 (zeros past k)
+  std::vector<int8_t> q;       // [m, padded]
+  std::vector<float> scale;    // [m, padded/32]
+  std::vector<float> scaled_sum;  // [m, padded/32]: scale * sum(q) over the block
+  std::vector<int32_t> quad_sum;  // [m, padded/4]: sum of each four consecutive q
+};
+
+// One row's blocks: amax/127 scales, values rounded to nearest even (lrintf under the default mode).
+void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, float* scaled_sum, int32_t* quad) {
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* src = x + b * kBlock;
+    float amax = 0.f;
+    for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(src[j]));
+    const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+    for (int j = 0; j < kBlock; ++j) {
+      const int v = std::max(-127, std::min(127, static_cast<int>(std::lrintf(src[j] * inverse))));
+      q[b * kBlock + j] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    scale[b] = amax / 127.f;
+    scaled_sum[b] = scale[b] * static_cast<float>(sum);
+    for (int t = 0; t < kBlock / 4; ++t)
+      quad[b * 8 + t] = q[b * kBlock + 4 * t] + q[b * kBlock + 4 * t + 1] + q[b * kBlock + 4 * t + 2] +
+                        q[b * kBlock + 4 * t + 3];
+  }
+}
+
+Activations quantize_activations(const float* x, int64_t m, int64_t k) {
+  Activations a;
+  a.k = k;
+  a.padded = (k + kPair - 1) / kPair * kPair;
+  const int64_t blocks = a.padded / kBlock;
+  a.q.assign(m * a.padded, 0);
+  a.scale.assign(m * blocks, 0.f);
+  a.scaled_sum.assign(m * blocks, 0.f);
+  a.quad_sum.assign(m * a.padded / 4, 0);
+  at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      quantize_row(x + i * k, k, a.q.data() + i * a.padded, a.scale.data() + i * blocks,
+                   a.scaled_sum.data() + i * blocks, a.quad_sum.data() + i * a.padded / 4);
+  });
+  return a;
+}
+
+// -b * quad_sum for a symmetric format's bias b: the start of each group's integer dot product.
+std::vector<int32_t> bias_start(const Activations& a, int64_t m, int bias) {
+  std::vector<int32_t> start(a.quad_sum.size());
+  for (size_t j = 0; j < start.size(); ++j) start[j] = -bias * a.quad_sum[j];
+  return start;
+}
+
+// Where each output column group of the call lives: a weight part and its row range.
+struct Part {
+  const uint8_t* bytes;
+  int64_t type, rows, row_bytes, column;  // column: where its outputs start in y
+  int bias;
+  bool affine;
+};
+
+int bias_of(int64_t type) {
+  switch (type) {
+    case Q4_0: return 8;
+    case Q5_0: return 16;
+    case Q8_0: return 128;
+    case Q6_K: return 32;
+    default: return 0;
+  }
+}
+
+bool affine(int64_t type) { return type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K; }
+
+// ---- portable --------------------------------------------------------------------------------------
+// The same sums as the vector paths' definition above, one value at a time: sub-blocks of 32 (16 for
+// Q6_K) in order, each sx * s * exact integer dot, then the offsets.
+
+void rows_portable(const Part& part, const Activations& a, const std::vector<int32_t>&, int64_t m, int64_t r0,
+                   int64_t r1, float* y, int64_t y_stride) {
+  const int64_t k = a.k, blocks = a.padded / kBlock;
+  std::vector<float> scales(k / 16), offsets(k / 16);
+  std::vector<int> u(k);
+  for (int64_t r = r0; r < r1; ++r) {
+    // u, and the scale / offset of every 16 values, from the block's own fields
+    const uint8_t* row = part.bytes + r * part.row_bytes;
+    const Layout lay = layout_of(part.type);
+    for (int64_t b = 0; b < k / lay.values; ++b) {
+      const uint8_t* blk = row + b * lay.bytes;
+      int* ub = u.data() + b * lay.values;
+      float* sb = scales.data() + b * lay.values / 16;
+      float* ob = offsets.data() + b * lay.values / 16;
+      switch (part.type) {
+        case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
+          const bool aff = part.affine, five = part.type == Q5_0 || part.type == Q5_1;
+          uint32_t high = 0;
+          if (five) std::memcpy(&high, blk + (aff ? 4 : 2), 4);
+          const uint8_t* qs = blk + (aff ? 4 : 2) + (five ? 4 : 0);
+          for (int j = 0; j < 16; ++j) {
+            ub[j] = (qs[j] & 0xF) | (five ? ((high >> j) & 1) << 4 : 0);
+            ub[j + 16] = (qs[j] >> 4) | (five ? ((high >> (j + 16)) & 1) << 4 : 0);
+          }
+          sb[0] = sb[1] = half_to_float(blk);
+          ob[0] = ob[1] = aff ? half_to_float(blk + 2) : 0.f;
+          break;
+        }
+        case Q8_0:
+          for (int j = 0; j < 32; ++j) ub[j] = static_cast<int8_t>(blk[2 + j]) + 128;
+          sb[0] = sb[1] = half_to_float(blk);
+          ob[0] = ob[1] = 0.f;
+          break;
+        case Q4_K: case Q5_K: {
+          const float d = half_to_float(blk), dmin = half_to_float(blk + 2);
+          const bool five = part.type == Q5_K;
+          const uint8_t* high = blk + 16;
+          const uint8_t* qs = blk + (five ? 48 : 16);
+          for (int s = 0; s < 8; ++s) {
+            int sc, mn;
+            k_scale_min(blk + 4, s, sc, mn);
+            for (int l = 0; l < 32; ++l) {
+              const uint8_t byte = qs[(s / 2) * 32 + l];
+              ub[s * 32 + l] = (s % 2 ? byte >> 4 : byte & 0xF) | (five ? ((high[l] >> s) & 1) << 4 : 0);
+            }
+            sb[2 * s] = sb[2 * s + 1] = d * sc;
+            ob[2 * s] = ob[2 * s + 1] = -(dmin * mn);
+          }
+          break;
+        }
+        case Q6_K: {
+          const float d = half_to_float(blk + 208);
+          const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+          for (int half = 0; half < 2; ++half) {
+            const uint8_t* ql = blk + 64 * half;
+            const uint8_t* qh = blk + 128 + 32 * half;
+            for (int l = 0; l < 32; ++l) {
+              const int base = 128 * half + l;
+              ub[base] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+              ub[base + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+              ub[base + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+              ub[base + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+            }
+          }
+          for (int s = 0; s < 16; ++s) {
+            sb[s] = d * sc[s];
+            ob[s] = 0.f;
+          }
+          break;
+        }
+        default: TORCH_CHECK(false, "gguf: unsupported block type ", part.type);
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* xq = a.q.data() + i * a.padded;
+      float acc = 0.f;
+      for (int64_t h = 0; h < k / 16; ++h) {  // sub-blocks of 16: each has one scale
+        int32_t dot = 0, sum = 0;
+        for (int j = 0; j < 16; ++j) {
+          dot += u[h * 16 + j] * xq[h * 16 + j];
+          sum += xq[h * 16 + j];
+        }
+        acc += a.scale[i * blocks + h / 2] * (scales[h] * static_cast<float>(dot - part.bias * sum));
+      }
+      float offset = 0.f;
+      if (part.affine)
+        for (int64_t b = 0; b < k / kBlock; ++b) offset += offsets[2 * b] * a.scaled_sum[i * blocks + b];
+      y[i * y_stride + part.column + r] = acc + offset;
+    }
+  }
+}
+
+#ifdef GGUF_X86
+
+#define GGUF_AVX2 "avx2,fma,f16c"
+#define GGUF_AVX512 "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"
+
+// ---- AVX-512 VNNI: 64 values (two blocks of 32) per step ---------------------------------------------
+//
+// A weight step is u: 64 unsigned bytes in value order, and s: 16 float lanes, lane t holding the
+// scale of values 4t..4t+3. Each lane's integer dot (dpbusd, started from -b * the activations' sum
+// of those four values) is converted and multiplied by s * sx once.
+
+struct Step512 {
+  __m512i u;
+  __m512 s;
+};
+
+// [a x 8 | b x 8]
+__attribute__((target(GGUF_AVX512))) inline __m512 two_scales(float a, float b) {
+  return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+
+__attribute__((target(GGUF_AVX512))) inline __m256i nibbles16(const uint8_t* qs) {  // 16 bytes -> 32 values
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i low = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
+}
+
+// One block of a 32-value format as 32 unsigned values (in a __m256i), its scale and its offset.
+template <int64_t T>
+__attribute__((target(GGUF_AVX512))) inline __m256i block32(const uint8_t* blk, float& d, float& m) {
+  if (T == Q8_0) {
+    d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+  constexpr bool aff = T == Q4_1 || T == Q5_1, five = T == Q5_0 || T == Q5_1;
+  d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
+  if (aff) m = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2));
+  __m256i u = nibbles16(blk + (aff ? 4 : 2) + (five ? 4 : 0));
+  if (five) {
+    uint32_t high;
+    std::memcpy(&high, blk + (aff ? 4 : 2), 4);
+    u = _mm256_or_si256(u, _mm256_maskz_mov_epi8(high, _mm256_set1_epi8(16)));
+  }
+  return u;
+}
+
+// The per-row state of a 256-value format's block: its eight (or sixteen) sub-block scales.
+struct KScales {
+  alignas(64) float s[16];
+};
+
+template <int64_t T>
+__attribute__((target(GGUF_AVX512))) inline void k_header(const uint8_t* blk, KScales& h, float* offsets) {
+  if (T == Q6_K) {
+    const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 208));
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    _mm512_store_ps(h.s, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc))));
+    return;
+  }
+  const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
+  const float dmin = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2));
+  for (int s = 0; s < 8; ++s) {
+    int sc, mn;
+    k_scale_min(blk + 4, s, sc, mn);
+    h.s[s] = d * sc;
+    offsets[s] = -(dmin * mn);
+  }
+}
+
+// Step pp (0..3) of a 256-value block: values 64 pp .. 64 pp + 63.
+template <int64_t T>
+__attribute__((target(GGUF_AVX512))) inline Step512 k_step(const uint8_t* blk, const KScales& h, int pp) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  if (T == Q6_K) {
+    const int half = pp / 2, upper = pp % 2;  // upper: the nibbles' high halves, values 64..127 of the half
+    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * half));
+    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * half + 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half));
+    const __m256i three = _mm256_set1_epi8(3);
+    const __m256i l0 = upper ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low) : _mm256_and_si256(ql0, low);
+    const __m256i l1 = upper ? _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low) : _mm256_and_si256(ql1, low);
+    const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, upper ? 4 : 0), three);
+    const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, upper ? 6 : 2), three);
+    const __m256i a = _mm256_or_si256(l0, _mm256_slli_epi16(h0, 4));
+    const __m256i b = _mm256_or_si256(l1, _mm256_slli_epi16(h1, 4));
+    // sub-blocks of 16: lanes 4t..4t+3 take scale 4 pp + t
+    const __m512i index = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(index, _mm512_set1_epi32(4 * pp)), _mm512_load_ps(h.s));
+    return {_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1), s};
+  }
+  constexpr bool five = T == Q5_K;
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (five ? 48 : 16) + 32 * pp));
+  __m256i a = _mm256_and_si256(packed, low), b = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+  if (five) {
+    const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    a = _mm256_or_si256(a, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(high, _mm256_set1_epi8(1 << (2 * pp))), sixteen));
+    b = _mm256_or_si256(b, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(high, _mm256_set1_epi8(2 << (2 * pp))), sixteen));
+  }
+  return {_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1), two_scales(h.s[2 * pp], h.s[2 * pp + 1])};
+}
+
+template <int64_t T>
+constexpr int64_t values_of() { return T == Q4_K || T == Q5_K || T == Q6_K ? 256 : 32; }
+template <int64_t T>
+constexpr int64_t bytes_of() {
+  return T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : T == Q8_0 ? 34 : T == Q4_K ? 144
+       : T == Q5_K ? 176 : 210;
+}
+template <int64_t T>
+constexpr bool affine_of() { return T == Q4_1 || T == Q5_1 || T == Q4_K || T == Q5_K; }
+template <int64_t T>
+constexpr int bias_of_t() { return T == Q4_0 ? 8 : T == Q5_0 ? 16 : T == Q8_0 ? 128 : T == Q6_K ? 32 : 0; }
+
+// Float offsets of weight rows, one per block of 32, gathered while their steps are unpacked.
+inline std::vector<float>& offset_scratch(size_t size) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < size) scratch.resize(size);
+  return scratch;
+}
+
+__attribute__((target(GGUF_AVX512))) inline float dot_floats512(const float* a, const float* b, int64_t count) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= count; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), acc);
+  if (j < count) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (count - j)) - 1);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, a + j), _mm512_maskz_loadu_ps(tail, b + j), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// Weight rows [r, r + R) against activation rows [i, i + C).
+template <int64_t T, int R, int C>
+__attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Activations& a,
+                                                    const std::vector<int32_t>& start, int64_t r, int64_t i,
+                                                    float* y, int64_t y_stride) {
+  constexpr int64_t V = values_of<T>(), B = bytes_of<T>();
+  constexpr bool aff = affine_of<T>(), biased = bias_of_t<T>() != 0;
+  const int64_t k = a.k, steps = a.padded / kPair, blocks = a.padded / kBlock;
+  float* offsets = aff ? offset_scratch(R * blocks).data() : nullptr;
+  __m512 acc[R][C];
+  for (int j = 0; j < R; ++j)
+    for (int c = 0; c < C; ++c) acc[j][c] = _mm512_setzero_ps();
+  const uint8_t* rows[R];
+  for (int j = 0; j < R; ++j) rows[j] = part.bytes + (r + j) * part.row_bytes;
+  KScales header[R];
+  for (int64_t p = 0; p < steps; ++p) {
+    __m512i x[C], s0[C];
+    __m512 sx[C];
+    for (int c = 0; c < C; ++c) {
+      const int64_t row = i + c;
+      x[c] = _mm512_loadu_si512(a.q.data() + row * a.padded + p * kPair);
+      sx[c] = two_scales(a.scale[row * blocks + 2 * p], a.scale[row * blocks + 2 * p + 1]);
+      s0[c] = biased ? _mm512_loadu_si512(start.data() + row * a.padded / 4 + p * 16) : _mm512_setzero_si512();
+    }
+    for (int j = 0; j < R; ++j) {
+      Step512 w;
+      if constexpr (V == 256) {
+        const int64_t blk = p / 4;
+        if (p % 4 == 0) k_header<T>(rows[j] + blk * B, header[j], aff ? offsets + j * blocks + blk * 8 : nullptr);
+        w = k_step<T>(rows[j] + blk * B, header[j], static_cast<int>(p % 4));
+      } else {
+        float d0 = 0.f, m0 = 0.f, d1 = 0.f, m1 = 0.f;
+        const __m256i lo = block32<T>(rows[j] + 2 * p * B, d0, m0);
+        const __m256i hi = 2 * p + 1 < k / kBlock ? block32<T>(rows[j] + (2 * p + 1) * B, d1, m1)
+                                                  : _mm256_setzero_si256();
+        w = {_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), two_scales(d0, d1)};
+        if (aff) {
+          offsets[j * blocks + 2 * p] = m0;
+          offsets[j * blocks + 2 * p + 1] = m1;
+        }
+      }
+      for (int c = 0; c < C; ++c) {
+        const __m512i dot = _mm512_dpbusd_epi32(s0[c], w.u, x[c]);
+        acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.s, sx[c]), acc[j][c]);
+      }
+    }
+  }
+  for (int j = 0; j < R; ++j)
+    for (int c = 0; c < C; ++c) {
+      float value = _mm512_reduce_add_ps(acc[j][c]);
+      if (aff) value += dot_floats512(offsets + j * blocks, a.scaled_sum.data() + (i + c) * blocks, blocks);
+      y[(i + c) * y_stride + part.column + r + j] = value;
+    }
+}
+
+template <int64_t T, int R>
+__attribute__((target(GGUF_AVX512))) void rows_group_vnni(const Part& part, const Activations& a,
+                                                          const std::vector<int32_t>& start, int64_t m, int64_t r,
+                                                          float* y, int64_t y_stride) {
+  for (int64_t i = 0; i < m;) {
+    const int64_t c = std::min<int64_t>(4, m - i);
+    if (c == 1) tile_vnni<T, R, 1>(part, a, start, r, i, y, y_stride);
+    else if (c == 2) tile_vnni<T, R, 2>(part, a, start, r, i, y, y_stride);
+    else if (c == 3) tile_vnni<T, R, 3>(part, a, start, r, i, y, y_stride);
+    else tile_vnni<T, R, 4>(part, a, start, r, i, y, y_stride);
+    i += c;
+  }
+}
+
+constexpr int64_t kVnniAhead = 16;  // weight rows asked for into L2 ahead of the four in use
+
+template <int64_t T>
+__attribute__((target(GGUF_AVX512))) void rows_vnni(const Part& part, const Activations& a,
+                                                    const std::vector<int32_t>& start, int64_t m, int64_t r0,
+                                                    int64_t r1, float* y, int64_t y_stride) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    if (r + 4 + kVnniAhead <= r1) {
+      const char* ahead = reinterpret_cast<const char*>(part.bytes + (r + kVnniAhead) * part.row_bytes);
+      for (int64_t b = 0; b < 4 * part.row_bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T1);
+    }
+    rows_group_vnni<T, 4>(part, a, start, m, r, y, y_stride);
+  }
+  for (; r < r1; ++r) rows_group_vnni<T, 1>(part, a, start, m, r, y, y_stride);
+}
+
+// ---- AVX2: 32 values (one block) per step ------------------------------------------------------------
+// maddubs multiplies unsigned by signed bytes into 16-bit pair sums: values up to 63 cannot saturate
+// (2 * 63 * 127 < 32767). Q8_0's signed weights take |w| * sign(x, w) instead of a bias of 128.
+
+struct Step256 {
+  __m256i u;
+  __m256 s;
+};
+
+template <int64_t T>
+__attribute__((target(GGUF_AVX2))) inline __m256i block32_avx2(const uint8_t* blk, float& d, float& m) {
+  d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
+  if (T == Q8_0) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));  // signed
+  constexpr bool aff = T == Q4_1 || T == Q5_1, five = T == Q5_0 || T == Q5_1;
+  if (aff) m = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2));
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (aff ? 4 : 2) + (five ? 4 : 0)));
+  const __m128i low = _mm_set1_epi8(0x0F);
+  __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
+  if (five) {  // bit j of the 32 high bits -> 16 on value j
+    uint32_t high;
+    std::memcpy(&high, blk + (aff ? 4 : 2), 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int>(high)),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    u = _mm256_or_si256(u, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+  }
+  return u;
+}
+
+template <int64_t T>
+__attribute__((target(GGUF_AVX2))) inline void k_header_avx2(const uint8_t* blk, KScales& h, float* offsets) {
+  if (T == Q6_K) {
+    const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 208));
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    for (int s = 0; s < 16; ++s) h.s[s] = d * static_cast<float>(sc[s]);
+    return;
+  }
+  const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
+  const float dmin = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2));
+  for (int s = 0; s < 8; ++s) {
+    int sc, mn;
+    k_scale_min(blk + 4, s, sc, mn);
+    h.s[s] = d * sc;
+    if (offsets) offsets[s] = -(dmin * mn);
+  }
+}
+
+// Sub-block sb (0..7) of a 256-value block: values 32 sb .. 32 sb + 31.
+template <int64_t T>
+__attribute__((target(GGUF_AVX2))) inline Step256 k_step_avx2(const uint8_t* blk, const KScales& h, int sb) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  if (T == Q6_K) {
+    const int half = sb / 4, within = sb % 4;  // within: which 32 of the half's 128 values
+    const uint8_t* ql = blk + 64 * half + (within % 2) * 32;
+    const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half));
+    const __m256i nib = within >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l, 4), low) : _mm256_and_si256(l, low);
+    const __m256i top = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * within)), _mm256_set1_epi8(3));
+    const __m256i u = _mm256_or_si256(nib, _mm256_slli_epi16(top, 4));
+    const float a = h.s[2 * sb], b = h.s[2 * sb + 1];
+    return {u, _mm256_blend_ps(_mm256_set1_ps(a), _mm256_set1_ps(b), 0xF0)};
+  }
+  constexpr bool five = T == Q5_K;
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (five ? 48 : 16) + 32 * (sb / 2)));
+  __m256i u = sb % 2 ? _mm256_and_si256(_mm256_srli_epi16(packed, 4), low) : _mm256_and_si256(packed, low);
+  if (five) {
+    const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << sb));
+    u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, bit), bit), _mm256_set1_epi8(16)));
+  }
+  return {u, _mm256_set1_ps(h.s[sb])};
+}
+
+__attribute__((target(GGUF_AVX2))) inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+__attribute__((target(GGUF_AVX2))) inline float dot_floats256(const float* a, const float* b, int64_t count) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
+  float total = hsum8(acc);
+  for (; j < count; ++j) total += a[j] * b[j];
+  return total;
+}
+
+template <int64_t T, int R, int C>
+__attribute__((target(GGUF_AVX2))) void tile_avx2(const Part& part, const Activations& a,
+                                                  const std::vector<int32_t>& start, int64_t r, int64_t i, float* y,
+                                                  int64_t y_stride) {
+  constexpr int64_t V = values_of<T>(), B = bytes_of<T>();
+  constexpr bool aff = affine_of<T>(), biased = bias_of_t<T>() != 0 && T != Q8_0;
+  const int64_t k = a.k, blocks = k / kBlock, padded_blocks = a.padded / kBlock;
+  float* offsets = aff ? offset_scratch(R * padded_blocks).data() : nullptr;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R][C];
+  for (int j = 0; j < R; ++j)
+    for (int c = 0; c < C; ++c) acc[j][c] = _mm256_setzero_ps();
+  KScales header[R];
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int j = 0; j < R; ++j) {
+      const uint8_t* row = part.bytes + (r + j) * part.row_bytes;
+      Step256 w;
+      if constexpr (V == 256) {
+        const int64_t blk = b / 8;
+        if (b % 8 == 0) k_header_avx2<T>(row + blk * B, header[j], aff ? offsets + j * padded_blocks + blk * 8 : nullptr);
+        w = k_step_avx2<T>(row + blk * B, header[j], static_cast<int>(b % 8));
+      } else {
+        float d = 0.f, m = 0.f;
+        w.u = block32_avx2<T>(row + b * B, d, m);
+        w.s = _mm256_set1_ps(d);
+        if (aff) offsets[j * padded_blocks + b] = m;
+      }
+      const __m256i magnitude = T == Q8_0 ? _mm256_sign_epi8(w.u, w.u) : w.u;
+      for (int c = 0; c < C; ++c) {
+        const int64_t row_i = i + c;
+        __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + row_i * a.padded + b * kBlock));
+        if (T == Q8_0) x = _mm256_sign_epi8(x, w.u);
+        __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones);
+        if (biased)
+          dot = _mm256_add_epi32(dot, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(start.data() + row_i * a.padded / 4 + b * 8)));
+        const __m256 sx = _mm256_set1_ps(a.scale[row_i * padded_blocks + b]);
+        acc[j][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(w.s, sx), acc[j][c]);
+      }
+    }
+  }
+  for (int j = 0; j < R; ++j)
+    for (int c = 0; c < C; ++c) {
+      float value = hsum8(acc[j][c]);
+      if (aff) value += dot_floats256(offsets + j * padded_blocks, a.scaled_sum.data() + (i + c) * padded_blocks, blocks);
+      y[(i + c) * y_stride + part.column + r + j] = value;
+    }
+}
+
+template <int64_t T>
+__attribute__((target(GGUF_AVX2))) void rows_avx2(const Part& part, const Activations& a,
+                                                  const std::vector<int32_t>& start, int64_t m, int64_t r0, int64_t r1,
+                                                  float* y, int64_t y_stride) {
+  for (int64_t i = 0; i < m;) {
+    const int64_t c = std::min<int64_t>(2, m - i);
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) {
+      if (c == 1) tile_avx2<T, 2, 1>(part, a, start, r, i, y, y_stride);
+      else tile_avx2<T, 2, 2>(part, a, start, r, i, y, y_stride);
+    }
+    for (; r < r1; ++r) {
+      if (c == 1) tile_avx2<T, 1, 1>(part, a, start, r, i, y, y_stride);
+      else tile_avx2<T, 1, 2>(part, a, start, r, i, y, y_stride);
+    }
+    i += c;
+  }
+}
+
+#endif
+
+using Rows = void (*)(const Part&, const Activations&, const std::vector<int32_t>&, int64_t, int64_t, int64_t, float*,
+                     int64_t);
+
+#ifdef GGUF_X86
+template <template <int64_t> class Table>
+Rows by_type(int64_t type) {
+  switch (type) {
+    case Q4_0: return Table<Q4_0>::rows;
+    case Q4_1: return Table<Q4_1>::rows;
+    case Q5_0: return Table<Q5_0>::rows;
+    case Q5_1: return Table<Q5_1>::rows;
+    case Q8_0: return Table<Q8_0>::rows;
+    case Q4_K: return Table<Q4_K>::rows;
+    case Q5_K: return Table<Q5_K>::rows;
+    case Q6_K: return Table<Q6_K>::rows;
+    default: TORCH_CHECK(false, "gguf: unsupported block type ", type);
+  }
+}
+template <int64_t T>
+struct VnniRows {
+  static constexpr Rows rows = rows_vnni<T>;
+};
+template <int64_t T>
+struct Avx2Rows {
+  static constexpr Rows rows = rows_avx2<T>;
+};
+#endif
+
+Rows pick(const std::string& path, int64_t type) {
+  layout_of(type);  // an unsupported type fails here, on every path
+#ifdef GGUF_X86
+  if (path == "vnni") return by_type<VnniRows>(type);
+  if (path == "avx2") return by_type<Avx2Rows>(type);
+#endif
+  if (path == "portable") return rows_portable;
+  TORCH_CHECK(false, "gguf: no code path '", path, "' in this build");
+}
+
+}  // namespace
+
+// y = x [W_1; W_2; ...]^T for weights stored as GGUF blocks: x [M, K] float32, weights[p] uint8
+// [N_p, K / values * bytes] of block type types[p]. Returns [M, sum N_p]: the parts side by side
+// (a fused q/k/v projection whose parts are of different types), the activations quantized once.
+torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::IntArrayRef types,
+                          const std::string& path) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "gguf: x must be [M, K] float32");
+  TORCH_CHECK(weights.size() == types.size() && !weights.empty(), "gguf: one type per weight part");
+  const int64_t m = x.size(0), k = x.size(1);
+  std::vector<Part> parts;
+  int64_t columns = 0;
+  for (size_t p = 0; p < weights.size(); ++p) {
+    const torch::Tensor& w = weights[p];
+    const Layout lay = layout_of(types[p]);
+    TORCH_CHECK(k % lay.values == 0, "gguf: K = ", k, " is not a whole number of ", lay.values, "-value blocks");
+    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() &&
+                    w.size(1) == k / lay.values * lay.bytes,
+                "gguf: weight part ", p, " does not hold [N, K] in its block type");
+    parts.push_back({w.data_ptr<uint8_t>(), types[p], w.size(0), w.size(1), columns, bias_of(types[p]),
+                     affine(types[p])});
+    columns += w.size(0);
+  }
+  torch::Tensor y = torch::empty({m, columns}, x.options());
+  if (m == 0 || columns == 0) return y;
+  const torch::Tensor xc = x.contiguous();
+  const Activations a = quantize_activations(xc.data_ptr<float>(), m, k);
+  std::vector<std::vector<int32_t>> starts(parts.size());
+  std::vector<Rows> kernels;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    kernels.push_back(pick(path, parts[p].type));
+    if (parts[p].bias && path != "portable" && !(path == "avx2" && parts[p].type == Q8_0))
+      starts[p] = bias_start(a, m, parts[p].bias);
+  }
+  float* out = y.data_ptr<float>();
+  // every part's rows as one range, so that a small part does not leave a thread idle
+  at::parallel_for(0, columns, kTaskRows, [&](int64_t begin, int64_t end) {
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const int64_t lo = std::max(begin, parts[p].column), hi = std::min(end, parts[p].column + parts[p].rows);
+      if (lo < hi) kernels[p](parts[p], a, starts[p], m, lo - parts[p].column, hi - parts[p].column, out, columns);
+    }
+  });
+  return y;
+}
+
+// The float weights of rows `rows` ([T] int64) of a [N, row_bytes] block tensor: [T, K].
+torch::Tensor gguf_dequantize_rows(const torch::Tensor& weight, int64_t type, int64_t k, const torch::Tensor& rows) {
+  const Layout lay = layout_of(type);
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kUInt8 && weight.is_contiguous() &&
+                  weight.size(1) == k / lay.values * lay.bytes && k % lay.values == 0,
+              "gguf: weight does not hold rows of K values in its block type");
+  const torch::Tensor index = rows.to(torch::kLong).contiguous();
+  const int64_t count = index.numel(), n = weight.size(0);
+  torch::Tensor out = torch::empty({count, k}, torch::TensorOptions().dtype(torch::kFloat32));
+  const int64_t* idx = index.data_ptr<int64_t>();
+  for (int64_t t = 0; t < count; ++t) TORCH_CHECK(idx[t] >= 0 && idx[t] < n, "gguf: row ", idx[t], " is out of range");
+  const uint8_t* bytes = weight.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, count, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) dequantize_row(bytes + idx[t] * weight.size(1), type, k, dst + t * k);
+  });
+  return out;
+}
+
+TORCH_LIBRARY(tandem_gguf, lib) {
+  lib.def("linear(Tensor x, Tensor[] weights, int[] types, str path) -> Tensor");
+  lib.def("dequantize_rows(Tensor weight, int type, int k, Tensor rows) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tandem_gguf, CPU, lib) {
+  lib.impl("linear", gguf_linear);
+  lib.impl("dequantize_rows", gguf_dequantize_rows);
+}

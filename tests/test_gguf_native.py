@@ -1,0 +1,179 @@
+"""The built-in model's GGUF file run as it is (engine.models.gguf_native): what it loads, that it is
+the same model as the fp32 conversion up to activation rounding, and that speculative decoding on it
+is lossless, greedy and sampled."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.kernels.gguf_quant import GGUFEmbedding, GGUFLinear
+from engine.settings import SamplingSettings, SpeculationSettings
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "List three facts about the Moon, one per line.",
+]
+
+
+def test_the_builtin_target_runs_on_its_own_blocks(native_builtin):
+    model = native_builtin.model
+    assert native_builtin.quantization == "gguf" and native_builtin.info["precision"] == "Q4_1"
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == []  # no float matrix: every projection and the LM head compute on blocks
+    layers = [m for m in model.modules() if type(m) is GGUFLinear]
+    assert len(layers) == 30 * 7 + 1
+    assert isinstance(model.get_input_embeddings(), GGUFEmbedding)
+    # the LM head reads the embedding's Q8_0 blocks (the file ties them): the same bytes, not a copy
+    assert model.get_output_embeddings().blocks.data_ptr() == model.get_input_embeddings().blocks.data_ptr()
+    assert native_builtin.info["block_types"] == {"Q8_0": 1, "Q4_1": 210, "float": 61}
+
+
+def test_it_is_the_fp32_conversions_model_up_to_activation_rounding(native_builtin, builtin_model):
+    """Same weights (the rows dequantize to the converted ones exactly); the logits differ only by
+    the INT8 rounding of activations, so teacher-forced top-1 agrees almost everywhere."""
+    native, float_model = native_builtin.model, builtin_model.model
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.29.mlp.down_proj"):
+        assert torch.equal(
+            native.get_submodule(name).dequantized_weight(), float_model.get_submodule(name).weight
+        )
+    text = "The Moon is Earth's only natural satellite. It orbits at an average distance of 384,400 km."
+    ids = builtin_model.tokenizer(text, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        a, b = native(ids).logits[0], float_model(ids).logits[0]
+    agreement = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+    assert agreement >= 0.9, agreement
+    assert not torch.equal(a, b)  # it is not the float model: its own rounding, its own output
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "head", "auto"])
+def test_greedy_output_with_drafting_is_the_native_targets_own(native_builtin, drafter):
+    from engine.session import ChatEngine
+
+    engine = ChatEngine(native_builtin, None, compiled="off")
+    engine.sampling = SamplingSettings(max_new_tokens=48)
+    for prompt in PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        engine.speculation = SpeculationSettings(drafter="none")
+        engine.reset()
+        alone = engine.respond(messages).token_ids
+        engine.speculation = SpeculationSettings(drafter=drafter)
+        engine.reset()
+        drafted = engine.respond(messages)
+        assert list(drafted.token_ids) == list(alone)
+        if drafter != "head":  # lookup finds the prompt's words; the head may keep none here
+            assert drafted.stats.drafted > 0
+
+
+def verify_distributions(native_builtin, sampling, candidates):
+    """The target's warped distributions after a prompt, and after each one- and two-token
+    continuation drawn from `candidates`, read from verify forwards of two rows; checks each verify
+    row is bit for bit the one-token step at its position."""
+    from engine.decoding.sampling import probs_from_logits
+    from engine.runtime.fastest_runner import make_runner
+
+    runner = make_runner(native_builtin.model, compiled="off")
+    context = (
+        native_builtin.tokenizer("The three primary colours are red,", return_tensors="pt")
+        .input_ids[0]
+        .tolist()
+    )
+    runner.reset()
+    first_logits = runner.prefill(context)
+    after, after2 = {}, {}
+    for d1 in candidates:
+        for d2 in candidates:
+            runner.rollback(len(context))
+            rows = runner.forward([d1, d2])  # [2, V]: after d1, after d2
+            runner.rollback(len(context))
+            step = runner.forward([d1])[0]
+            assert torch.equal(rows[0], step)  # row-exact: the verify row is the one-token step
+            after[d1] = probs_from_logits(rows[0], sampling)
+            after2[(d1, d2)] = probs_from_logits(rows[1], sampling)
+    return probs_from_logits(first_logits, sampling), after, after2
+
+
+def first_tokens(first, after, after2, candidates, draws: int, misreport: bool, seed: int):
+    """First tokens emitted by `draws` rounds of K = 2, the draft uniform over `candidates`. Every
+    distribution is carried over the union of their supports (top-k keeps each small), which holds all
+    their mass, so the rounds are exactly those over the whole vocabulary."""
+    from engine.decoding.sampling import accept_reject
+
+    rows = [first, *after.values(), *after2.values()]
+    support = torch.stack(rows).sum(0).nonzero().flatten()  # [S] vocabulary ids with any mass
+    position = {int(token): i for i, token in enumerate(support)}
+    small = lambda probs: probs[support]  # noqa: E731
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(len(candidates), (draws, 2), generator=generator)
+    tokens = torch.tensor(candidates)[picks]  # [draws, 2] vocabulary ids
+    draft_row = torch.zeros(len(support))
+    draft_row[[position[c] for c in candidates]] = 1.0 / len(candidates)
+    if misreport:  # negative control: claims the target's own first distribution
+        draft_row = small(first).clone()
+    draft_probs = draft_row.expand(draws, 2, len(support))
+    table = torch.stack(
+        [
+            torch.stack(
+                [torch.stack([small(first), small(after[a]), small(after2[(a, b)])]) for b in candidates]
+            )
+            for a in candidates
+        ]
+    )  # [C, C, 3, S]: the verify distributions of each draft pair
+    target_probs = table[picks[:, 0], picks[:, 1]]  # [draws, 3, S]
+    local = tokens.apply_(lambda token: position[token])
+    accepted, next_token = accept_reject(local, draft_probs, target_probs, generator)
+    return support[torch.where(accepted > 0, local[:, 0], next_token)]
+
+
+def test_sampled_output_follows_the_native_targets_distribution(native_builtin):
+    from scipy.stats import chisquare
+
+    sampling = SamplingSettings(temperature=1.0, top_k=12)
+    with torch.inference_mode():
+        first = native_builtin.model(
+            native_builtin.tokenizer("The three primary colours are red,", return_tensors="pt").input_ids
+        ).logits[0, -1]
+    candidates = first.topk(6).indices.tolist()
+    first, after, after2 = verify_distributions(native_builtin, sampling, candidates)
+    support = first.nonzero().flatten()
+
+    def p_value(samples):
+        counts = torch.bincount(samples, minlength=first.numel())[support].double()
+        expected = first[support].double()
+        return chisquare(counts.numpy(), (expected / expected.sum() * counts.sum()).numpy()).pvalue
+
+    assert p_value(first_tokens(first, after, after2, candidates, 20000, False, seed=0)) > 1e-3
+    assert p_value(first_tokens(first, after, after2, candidates, 20000, True, seed=0)) < 1e-3
+
+
+def test_loading_adds_about_the_files_size_and_a_second_start_reads_no_tokenizer_again(tmp_path):
+    """Peak RSS of a process loading the built-in GGUF and running a forward, beyond what it held
+    before loading: at most 1.3x the file (it maps the file; nothing is dequantized)."""
+    script = """
+import json, resource, sys, torch
+from engine.models.loading import load_model
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+stages = []
+loaded = load_model("builtin:smollm2-135m-instruct", device="cpu", progress=lambda s, d, t: stages.append(s))
+with torch.inference_mode():
+    loaded.model(torch.tensor([[1, 2, 3, 4]]))
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"added": after - before, "file": loaded.info["file_bytes"], "stages": stages}))
+"""
+    prelude = "import torch, transformers, engine.models.loading\n"  # what a process holds before loading
+
+    def run():
+        done = subprocess.run(
+            [sys.executable, "-c", prelude + script], capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = run()
+    assert first["added"] <= 1.3 * first["file"], first
+    second = run()
+    assert not any("tokenizer" in stage for stage in second["stages"]), second["stages"]

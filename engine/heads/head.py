@@ -286,10 +286,8 @@ def target_fingerprint(model) -> str:
     )
     with torch.no_grad():
         embedding = model.get_input_embeddings()
-        if hasattr(embedding, "rows"):  # a GGUF file's own blocks (engine.kernels.gguf_quant): the same rows
-            rows = embedding.rows(torch.arange(0, embedding.num_embeddings, 97))
-        else:
-            rows = embedding.weight[::97]
+        every_97th = torch.arange(0, embedding.num_embeddings, 97)
+        rows = embedding.rows(every_97th) if hasattr(embedding, "rows") else embedding.weight[every_97th]
         rows = rows.detach().to("cpu", torch.bfloat16)
         digest.update(rows.view(torch.int16).numpy().tobytes())
         digest.update(
@@ -354,24 +352,19 @@ def eagle3_config(raw: dict, target_config) -> HeadConfig:
 
 
 def head_rows(linear, ids: torch.Tensor, folder) -> torch.Tensor:
-    """Rows `ids` of the target's LM head as float32 on the CPU; a head on a GGUF file's own blocks
-    dequantizes only those rows."""
-    if hasattr(linear, "rows"):  # engine.kernels.gguf_quant.GGUFLinear
+    """Rows `ids` of the target's LM head as float32 on the CPU, dequantized where it is quantized."""
+    if hasattr(linear, "rows"):  # a GGUF file's own blocks: only these rows (engine.kernels.gguf_quant)
         return linear.rows(ids).to("cpu", torch.float32)
-    weight = float_weight(linear, folder)
-    return weight[ids.to(weight.device)].to("cpu", torch.float32)
-
-
-def float_weight(linear, folder) -> torch.Tensor:
-    """A linear layer's weight as floats, dequantized where the target is quantized."""
     if isinstance(getattr(linear, "weight", None), torch.Tensor):
-        return linear.weight.detach()
-    if hasattr(linear, "dequantized_weight"):
-        return linear.dequantized_weight()
-    raise ModelFormatError(
-        f"The draft head in {folder} reads the target's LM head, and this target's quantized head "
-        f"({type(linear).__name__}) does not give its weights back. Use an fp32 or INT4 target."
-    )
+        weight = linear.weight.detach()
+    elif hasattr(linear, "dequantized_weight"):
+        weight = linear.dequantized_weight()
+    else:
+        raise ModelFormatError(
+            f"The draft head in {folder} reads the target's LM head, and this target's quantized head "
+            f"({type(linear).__name__}) does not give its weights back. Use an fp32 or INT4 target."
+        )
+    return weight[ids.to(weight.device)].to("cpu", torch.float32)
 
 
 def load_head(folder: Path | str, target_model, device=None, dtype=None) -> DraftHead:

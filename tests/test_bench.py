@@ -459,3 +459,16 @@ def test_the_cli_chat_drafts_as_the_app_does_and_the_bench_tandem_method_keeps_t
     assert speculation_from_args(parser.parse_args(["chat", "--draft", "none"])).drafter == "none"
     bench = parser.parse_args(["bench"])
     assert bench.draft is None and draft_kind(bench.draft) == "model"
+
+
+def test_decode_speed_counts_the_tokens_after_the_first_over_the_time_after_it():
+    from engine.bench.records import Tally
+
+    tally = Tally(calls=1, generated_tokens=10, time_s=1.0)
+    tally.time_first_token(0.2)
+    assert tally.ttft_s == 0.2 and tally.decode_tokens == 9
+    assert abs(tally.decode_tokens_per_s - 9 / 0.8) < 1e-9
+    one = Tally(calls=1, generated_tokens=1, time_s=0.3)
+    one.time_first_token(0.3)  # a one-token reply decodes nothing after its first token
+    assert one.decode_tokens_per_s is None
+    assert tally.add(one).decode_tokens_per_s == tally.decode_tokens_per_s

@@ -8,11 +8,11 @@ as the Tandem methods are timed around `generate_ids`. Draft counts are llama.cp
 (draft_n, draft_n_accepted); llama.cpp does not report rounds, so no mean accepted length is shown.
 Its time to first token is the call's time less the decoding time llama.cpp reports (predicted_ms).
 
-llama-server runs with `--poll 0`: its threads sleep instead of spinning while they wait, as torch's do,
-which keeps it from collapsing on a machine shared with other work.
-
-Not like for like in one respect unless `llama-cpp-f32` is used: llama.cpp runs the GGUF's Q4_1
-weights with its own kernels, while Tandem's fp32 target runs the same weights dequantized. The binaries come from packaging/build_llama_cpp.sh.
+llama-server runs as a user runs it: its own defaults, with the thread count Tandem uses and one
+slot. Its decode speed is its own `timings` (the tokens after the first over `predicted_ms`), as
+Tandem's is the tokens after its first over the time after it. Both run the GGUF's own blocks on
+their own kernels (`llama-cpp-f32` compares with Tandem's `--precision fp32` target instead). The
+binaries come from packaging/build_llama_cpp.sh.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class LlamaServerProcess:
             port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         command = [str(llama_server_path()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                   "-t", str(threads), "-c", str(context), "-np", "1", "--no-webui", "--poll", "0", *extra]  # fmt: skip
+                   "-t", str(threads), "-c", str(context), "-np", "1", "--no-webui", *extra]  # fmt: skip
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent
         )
@@ -170,8 +170,12 @@ class LlamaCppRunner:
         tally.drafted = int(timings.get("draft_n", 0))
         tally.accepted = int(timings.get("draft_n_accepted", 0))
         if "predicted_ms" in timings and token_ids:
-            # the first token comes out of the prompt's forward; what follows is llama.cpp's decoding time
-            tally.ttft_sum_s, tally.ttft_count = max(0.0, elapsed - float(timings["predicted_ms"]) / 1e3), 1
+            # the first token comes out of the prompt's forward; what follows is llama.cpp's decoding time,
+            # over the tokens after the first (as Tandem's decode speed is counted)
+            decoding_s = float(timings["predicted_ms"]) / 1e3
+            tally.ttft_sum_s, tally.ttft_count = max(0.0, elapsed - decoding_s), 1
+            if len(token_ids) > 1 and decoding_s > 0:
+                tally.decode_tokens, tally.decode_time_s = len(token_ids) - 1, decoding_s
         return TurnResult(token_ids, tokenizer.decode(token_ids, skip_special_tokens=True), tally)
 
     def close(self) -> None:

@@ -118,7 +118,7 @@ class TandemRunner:
         self.verify_forward_s = dict(stats.verify_forward_s or {})
         tally = Tally(calls=1, generated_tokens=len(finished.token_ids), time_s=elapsed)
         if first_token_at:
-            tally.ttft_sum_s, tally.ttft_count = first_token_at[0] - start, 1
+            tally.time_first_token(first_token_at[0] - start)
         tally.add(tally_from_stats(stats))
         token_ids = list(finished.token_ids)
         return TurnResult(token_ids, decode_answer(tokenizer, token_ids), tally)
@@ -240,7 +240,7 @@ class HFRunner:
         token_ids = output[0, len(prompt_ids) :].tolist()
         tally = Tally(calls=1, generated_tokens=len(token_ids), time_s=elapsed)
         if timer.first_token_s is not None:
-            tally.ttft_sum_s, tally.ttft_count = timer.first_token_s, 1
+            tally.time_first_token(timer.first_token_s)
         if self.method.kind != "hf-plain":
             tally.add(recorder.tally)
         return TurnResult(token_ids, decode_answer(tokenizer, token_ids), tally)

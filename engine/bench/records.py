@@ -15,6 +15,10 @@ class Tally:
     time_s: float = 0.0
     ttft_sum_s: float = 0.0
     ttft_count: int = 0
+    # decoding alone: the tokens after each call's first and the time after it (llama.cpp's own
+    # figures for llama-server), so that prefill and the first token do not weigh on it
+    decode_tokens: int = 0
+    decode_time_s: float = 0.0
     drafted: int = 0
     accepted: int = 0
     rounds: int = 0
@@ -36,6 +40,8 @@ class Tally:
         self.time_s += other.time_s
         self.ttft_sum_s += other.ttft_sum_s
         self.ttft_count += other.ttft_count
+        self.decode_tokens += other.decode_tokens
+        self.decode_time_s += other.decode_time_s
         self.drafted += other.drafted
         self.accepted += other.accepted
         self.rounds += other.rounds
@@ -63,6 +69,17 @@ class Tally:
     @property
     def tokens_per_s(self) -> float | None:
         return self.generated_tokens / self.time_s if self.time_s > 0 else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return self.decode_tokens / self.decode_time_s if self.decode_time_s > 0 else None
+
+    def time_first_token(self, first_token_s: float) -> None:
+        """One call's first token came `first_token_s` after it began: its TTFT, and the decoding after."""
+        self.ttft_sum_s, self.ttft_count = first_token_s, 1
+        if self.generated_tokens > 1:
+            self.decode_tokens = self.generated_tokens - 1
+            self.decode_time_s = max(self.time_s - first_token_s, 0.0)
 
     @property
     def ttft_s(self) -> float | None:

@@ -14,7 +14,9 @@ from engine.bench.records import PromptRecord, Tally
 
 SUMMARY_FIELDS = (
     "tokens_per_s",
+    "decode_tokens_per_s",
     "speedup_vs_baseline",
+    "speedup_vs_llama_cpp",
     "speedup_vs_hf_plain",
     "acceptance_rate",
     "mean_accepted_length",
@@ -36,8 +38,14 @@ def summarize(tally: Tally, reference_tps: dict[str, float | None], identical: f
     tps = tally.tokens_per_s
     return {
         "tokens_per_s": tps,
+        "decode_tokens_per_s": tally.decode_tokens_per_s,
         "speedup_vs_baseline": ratio(tps, reference_tps.get("baseline")),
         "speedup_vs_hf_plain": ratio(tps, reference_tps.get("hf-plain")),
+        "speedup_vs_llama_cpp": ratio(tps, reference_tps.get("llama-cpp")),
+        "decode_speedup_vs_baseline": ratio(tally.decode_tokens_per_s, reference_tps.get("baseline:decode")),
+        "decode_speedup_vs_llama_cpp": ratio(
+            tally.decode_tokens_per_s, reference_tps.get("llama-cpp:decode")
+        ),
         "acceptance_rate": tally.acceptance_rate,
         "mean_accepted_length": tally.mean_accepted_length,
         "greedy_identical": identical,
@@ -67,11 +75,14 @@ def sum_tallies(records: list[PromptRecord]) -> Tally:
 
 
 def reference_speeds(records: list[PromptRecord], methods: list[Method]) -> dict[str, float | None]:
-    """tokens/s of the reference methods (by kind: baseline, hf-plain) over `records`."""
+    """tokens/s of the reference methods (by kind: baseline, hf-plain, llama-cpp) over `records`, and
+    their decode-only tokens/s under "<kind>:decode"."""
     speeds: dict[str, float | None] = {}
     for method in methods:
-        if method.kind in ("baseline", "hf-plain"):
-            speeds[method.kind] = sum_tallies([r for r in records if r.method == method.name]).tokens_per_s
+        if method.kind in ("baseline", "hf-plain", "llama-cpp"):
+            total = sum_tallies([r for r in records if r.method == method.name])
+            speeds[method.kind] = total.tokens_per_s
+            speeds[f"{method.kind}:decode"] = total.decode_tokens_per_s
     return speeds
 
 
@@ -152,12 +163,15 @@ def write_report(report: dict, path: str | Path) -> Path:
 
 
 def format_table(report: dict) -> str:
-    """Per method: speed, speed-ups, acceptance, TTFT, identity; then speed-up vs baseline per category."""
+    """Per method: wall and decode-only speed, speed-ups, acceptance, TTFT, identity; then speed-up vs
+    baseline per category."""
     methods = report["methods"]
     header = [
         "method",
         "tok/s",
+        "decode",
         "vs base",
+        "vs llama.cpp",
         "vs hf-plain",
         "accept",
         "mean len",
@@ -169,7 +183,9 @@ def format_table(report: dict) -> str:
         [
             name,
             fmt(m["tokens_per_s"], "{:.2f}"),
+            fmt(m.get("decode_tokens_per_s"), "{:.1f}"),
             fmt(m["speedup_vs_baseline"], "{:.2f}x"),
+            fmt(m.get("speedup_vs_llama_cpp"), "{:.2f}x"),
             fmt(m["speedup_vs_hf_plain"], "{:.2f}x"),
             fmt(m["acceptance_rate"], "{:.0%}"),
             fmt(m["mean_accepted_length"], "{:.2f}"),

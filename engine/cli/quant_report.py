@@ -54,7 +54,7 @@ def run_quant_report(args) -> int:
         raise SettingsError("--context, --steps, --rounds, --prompts and --tokens must be at least 1.")
     kernels = chosen_kernels(args.kernels, resolve_device(args.device).type)
     print(f"Loading {args.target}...", file=sys.stderr)
-    loaded = load_model(args.target, device=args.device, dtype="float32")
+    loaded = load_model(args.target, device=args.device, precision="fp32")
     report = measure(loaded, kernels, args)
     report["machine"] = machine_summary(torch)
     print(format_table(report))

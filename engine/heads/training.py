@@ -14,6 +14,7 @@ Two stages, saved under `<out>/work/` so an interrupted run resumes where it sto
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import SettingsError
-from engine.heads.head import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
+from engine.heads.head import DraftHead, HeadConfig, head_rows, load_head, save_head, target_fingerprint
 
 
 @dataclass
@@ -179,15 +180,17 @@ def _answer_batch(model, tap, batch, recipe, number, pad, eos, device) -> dict:
 
 
 @torch.no_grad()
-def soft_counts(finals: list[torch.Tensor], prompt_lengths: list[int], lm_head: torch.Tensor) -> torch.Tensor:
-    """The target's probability mass per token id over answer positions: [V] float64."""
-    weight = lm_head.float()
-    counts = torch.zeros(lm_head.size(0), dtype=torch.float64, device=weight.device)
-    for hidden, start in zip(finals, prompt_lengths, strict=True):
-        rows = hidden[max(start - 1, 0) :].to(weight.device, torch.float32)
-        if rows.numel():
-            counts += (rows @ weight.T).softmax(-1).sum(0).double()
-    return counts.cpu()
+def soft_counts(finals: list[torch.Tensor], prompt_lengths: list[int], lm_head) -> torch.Tensor:
+    """The target's probability mass per token id over answer positions: [V] float64. `lm_head`: the
+    target's output layer (a float Linear, or one on a GGUF file's own blocks)."""
+    counts = torch.zeros(lm_head.out_features, dtype=torch.float64)
+    device = next(itertools.chain(lm_head.parameters(), lm_head.buffers())).device
+    with torch.no_grad():
+        for hidden, start in zip(finals, prompt_lengths, strict=True):
+            rows = hidden[max(start - 1, 0) :].to(device, torch.float32)
+            if rows.numel():
+                counts += lm_head(rows).float().softmax(-1).sum(0).double().cpu()
+    return counts
 
 
 def choose_vocabulary(soft_counts: torch.Tensor, sequences, size: int, always: set[int]) -> torch.Tensor:
@@ -340,7 +343,7 @@ def train_head(
     cost.setdefault("answers_s", time.perf_counter() - began)
     cost["tokens_generated"] = sum(len(s) + 1 - p for s, p in zip(sequences, prompt_lengths, strict=True))
     save_cost()
-    counts = soft_counts(data["finals"], prompt_lengths, model.get_output_embeddings().weight.detach())
+    counts = soft_counts(data["finals"], prompt_lengths, model.get_output_embeddings())
     answers = [s[p:] for s, p in zip(sequences, prompt_lengths, strict=True)]
     if init_from is None:
         vocabulary = choose_vocabulary(counts, answers, recipe.draft_vocab, loaded.eos_token_ids)
@@ -354,7 +357,7 @@ def train_head(
         vocabulary = head.draft_ids.cpu()
         started_from = dict(head.config.training or {})
     embed = model.get_input_embeddings()
-    teacher_head = model.get_output_embeddings().weight.detach()[vocabulary.to(device)].float()  # [N, C]
+    teacher_head = head_rows(model.get_output_embeddings(), vocabulary, init_from).to(device)  # [N, C]
     head.lm_head.weight.data = teacher_head.clone()
     head.lm_head.weight.requires_grad_(False)  # the target's rows, not trained (not stored)
     trainable = [p for p in head.parameters() if p.requires_grad]

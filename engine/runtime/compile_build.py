@@ -90,8 +90,10 @@ def build_in_helper(
     """Runs the helper to completion; None when the cache now holds the graphs, else why not."""
     command = [sys.executable, "-m", "engine.runtime.compile_build", "--spec", loaded.spec]
     command += ["--dtype", str(loaded.dtype).removeprefix("torch.")]
-    if loaded.quantization != "none":
+    if loaded.quantization in ("int8", "int4"):
         command += ["--quantization", loaded.quantization, "--kernel", loaded.info["kernel"]]
+    elif loaded.quantization == "none":  # a float target, where a GGUF would otherwise run on its blocks
+        command += ["--precision", loaded.info.get("precision") or "fp32"]
     command += [arg for layer in capture for arg in ("--capture", str(layer))]
     env = {
         **os.environ,
@@ -174,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--quantization", default="none")
     parser.add_argument("--kernel", default=None)
+    parser.add_argument("--precision", default=None, help="fp32 or bf16 (a GGUF target: its own blocks)")
     parser.add_argument("--capture", type=int, action="append", default=[])
     args = parser.parse_args(argv)
     _exit_with_parent()
@@ -181,9 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     from engine.models.loading import load_model
     from engine.runtime.fastpath import FastRunner
 
-    loaded = load_model(
-        args.spec, device="cpu", dtype=args.dtype, quantization=args.quantization, kernel=args.kernel
-    )
+    if args.precision is not None:
+        loaded = load_model(args.spec, device="cpu", precision=args.precision)
+    else:
+        loaded = load_model(
+            args.spec, device="cpu", dtype=args.dtype, quantization=args.quantization, kernel=args.kernel
+        )
     folder = precompiled_folder(loaded, tuple(args.capture))
     runner = FastRunner(loaded.model, loaded.device, compiled="auto", precompiled_folder=folder)
     runner.compiled_capture = tuple(args.capture)

@@ -194,7 +194,34 @@ struct Activations {
   std::vector<float> scale;    // [m, padded/32]
   std::vector<float> scaled_sum;  // [m, padded/32]: scale * sum(q) over the block
   std::vector<int32_t> quad_sum;  // [m, padded/4]: sum of each four consecutive q
+  // The same values in nibble order, for the 32-value 4- and 5-bit formats on AVX-512: each pair of
+  // blocks a, b as a[0..16) b[0..16) a[16..32) b[16..32), the order two blocks' nibbles come out of one
+  // 256-bit load (low nibbles, then high). Empty unless such a format is in the call.
+  std::vector<int8_t> q_nibbles;        // [m, padded]
+  std::vector<int32_t> quad_nibbles;    // [m, padded/4]
+  std::vector<float> scaled_sum_pairs;  // [m, padded/64 * 4]: 0, scaled sum of a, 0, scaled sum of b
 };
+
+// q_nibbles, quad_nibbles and scaled_sum_pairs from the plain order.
+void add_nibble_order(Activations& a, int64_t m) {
+  const int64_t pairs = a.padded / kPair, blocks = a.padded / kBlock;
+  a.q_nibbles.assign(m * a.padded, 0);
+  a.quad_nibbles.assign(m * a.padded / 4, 0);
+  a.scaled_sum_pairs.assign(m * pairs * 4, 0.f);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int8_t* src = a.q.data() + i * a.padded + p * kPair;
+      int8_t* dst = a.q_nibbles.data() + i * a.padded + p * kPair;
+      for (int half = 0; half < 2; ++half)      // values 0..15, then 16..31, of each block
+        for (int block = 0; block < 2; ++block)  // a, then b
+          std::memcpy(dst + 32 * half + 16 * block, src + 32 * block + 16 * half, 16);
+      for (int lane = 0; lane < 16; ++lane)
+        a.quad_nibbles[i * a.padded / 4 + p * 16 + lane] = dst[4 * lane] + dst[4 * lane + 1] + dst[4 * lane + 2] +
+                                                           dst[4 * lane + 3];
+      a.scaled_sum_pairs[(i * pairs + p) * 4 + 1] = a.scaled_sum[i * blocks + 2 * p];
+      a.scaled_sum_pairs[(i * pairs + p) * 4 + 3] = a.scaled_sum[i * blocks + 2 * p + 1];
+    }
+}
 
 // One row's blocks: amax/127 scales, values rounded to nearest even (lrintf under the default mode).
 void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, float* scaled_sum, int32_t* quad) {
@@ -234,10 +261,10 @@ Activations quantize_activations(const float* x, int64_t m, int64_t k) {
   return a;
 }
 
-// -b * quad_sum for a symmetric format's bias b: the start of each group's integer dot product.
-std::vector<int32_t> bias_start(const Activations& a, int64_t m, int bias) {
-  std::vector<int32_t> start(a.quad_sum.size());
-  for (size_t j = 0; j < start.size(); ++j) start[j] = -bias * a.quad_sum[j];
+// -b * the sums of four for a symmetric format's bias b: the start of each group's integer dot product.
+std::vector<int32_t> bias_start(const std::vector<int32_t>& quad, int bias) {
+  std::vector<int32_t> start(quad.size());
+  for (size_t j = 0; j < start.size(); ++j) start[j] = -bias * quad[j];
   return start;
 }
 
@@ -260,6 +287,9 @@ int bias_of(int64_t type) {
 }
 
 bool affine(int64_t type) { return type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K; }
+
+// The 32-value 4- and 5-bit formats, whose AVX-512 path reads activations in nibble order.
+constexpr bool nibble_format(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1; }
 
 // ---- portable --------------------------------------------------------------------------------------
 // The same sums as the vector paths' definition above, one value at a time: sub-blocks of 32 (16 for
@@ -404,6 +434,40 @@ __attribute__((target(GGUF_AVX512))) inline __m256i block32(const uint8_t* blk, 
   return u;
 }
 
+alignas(64) const uint8_t kZeroBlock[64] = {0};  // stands in for a missing last block of an odd count
+
+// Blocks a and b of a 32-value 4- or 5-bit format in nibble order (see Activations::q_nibbles): one
+// 256-bit load of both blocks' 16 bytes of nibbles, split into low and high halves. Their d (and m)
+// come as [d_a, m_a, d_b, m_b] from one conversion; lane t takes the scale of its block.
+template <int64_t T>
+__attribute__((target(GGUF_AVX512))) inline __m512i nibble_pair(const uint8_t* a, const uint8_t* b, __m128& dm) {
+  constexpr bool aff = T == Q4_1 || T == Q5_1, five = T == Q5_0 || T == Q5_1;
+  constexpr int qs = (aff ? 4 : 2) + (five ? 4 : 0);
+  const __m256i packed = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(b + qs),
+                                             reinterpret_cast<const __m128i*>(a + qs));
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, low)),
+                                 _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
+  uint32_t head_a, head_b;
+  std::memcpy(&head_a, a, 4);
+  std::memcpy(&head_b, b, 4);
+  dm = _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(head_b), static_cast<int>(head_a)));
+  if (five) {  // bit j of a block's 32 high bits -> 16 on its value j, in nibble order
+    uint32_t ha, hb;
+    std::memcpy(&ha, a + (aff ? 4 : 2), 4);
+    std::memcpy(&hb, b + (aff ? 4 : 2), 4);
+    const uint64_t mask = (ha & 0xFFFFull) | (static_cast<uint64_t>(hb & 0xFFFF) << 16) |
+                          (static_cast<uint64_t>(ha >> 16) << 32) | (static_cast<uint64_t>(hb >> 16) << 48);
+    u = _mm512_or_si512(u, _mm512_maskz_mov_epi8(mask, _mm512_set1_epi8(16)));
+  }
+  return u;
+}
+
+// Lanes 0-3 and 8-11 take element 0 (block a), lanes 4-7 and 12-15 element `b`.
+__attribute__((target(GGUF_AVX512))) inline __m512i nibble_lanes(int b) {
+  return _mm512_set_epi32(b, b, b, b, 0, 0, 0, 0, b, b, b, b, 0, 0, 0, 0);
+}
+
 // The per-row state of a 256-value format's block: its eight (or sixteen) sub-block scales.
 struct KScales {
   alignas(64) float s[16];
@@ -457,7 +521,9 @@ __attribute__((target(GGUF_AVX512))) inline Step512 k_step(const uint8_t* blk, c
     a = _mm256_or_si256(a, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(high, _mm256_set1_epi8(1 << (2 * pp))), sixteen));
     b = _mm256_or_si256(b, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(high, _mm256_set1_epi8(2 << (2 * pp))), sixteen));
   }
-  return {_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1), two_scales(h.s[2 * pp], h.s[2 * pp + 1])};
+  const __m512i lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(2 * pp)), _mm512_load_ps(h.s));
+  return {_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1), s};
 }
 
 template <int64_t T>
@@ -496,9 +562,13 @@ __attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Acti
                                                     const std::vector<int32_t>& start, int64_t r, int64_t i,
                                                     float* y, int64_t y_stride) {
   constexpr int64_t V = values_of<T>(), B = bytes_of<T>();
-  constexpr bool aff = affine_of<T>(), biased = bias_of_t<T>() != 0;
+  constexpr bool aff = affine_of<T>(), biased = bias_of_t<T>() != 0, nibbles = nibble_format(T);
   const int64_t k = a.k, steps = a.padded / kPair, blocks = a.padded / kBlock;
-  float* offsets = aff ? offset_scratch(R * blocks).data() : nullptr;
+  // affine offsets: one per block (K-quants), or [d, m] of both blocks per step (nibble formats)
+  const int64_t offset_stride = nibbles ? steps * 4 : blocks;
+  float* offsets = aff ? offset_scratch(R * offset_stride).data() : nullptr;
+  const int8_t* xq = nibbles ? a.q_nibbles.data() : a.q.data();
+  const __m512i x_lanes = nibble_lanes(1);
   __m512 acc[R][C];
   for (int j = 0; j < R; ++j)
     for (int c = 0; c < C; ++c) acc[j][c] = _mm512_setzero_ps();
@@ -510,8 +580,11 @@ __attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Acti
     __m512 sx[C];
     for (int c = 0; c < C; ++c) {
       const int64_t row = i + c;
-      x[c] = _mm512_loadu_si512(a.q.data() + row * a.padded + p * kPair);
-      sx[c] = two_scales(a.scale[row * blocks + 2 * p], a.scale[row * blocks + 2 * p + 1]);
+      x[c] = _mm512_loadu_si512(xq + row * a.padded + p * kPair);
+      const float* s = a.scale.data() + row * blocks + 2 * p;
+      sx[c] = nibbles ? _mm512_permutexvar_ps(x_lanes, _mm512_castps128_ps512(_mm_castpd_ps(
+                            _mm_load_sd(reinterpret_cast<const double*>(s)))))
+                      : two_scales(s[0], s[1]);
       s0[c] = biased ? _mm512_loadu_si512(start.data() + row * a.padded / 4 + p * 16) : _mm512_setzero_si512();
     }
     for (int j = 0; j < R; ++j) {
@@ -520,6 +593,13 @@ __attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Acti
         const int64_t blk = p / 4;
         if (p % 4 == 0) k_header<T>(rows[j] + blk * B, header[j], aff ? offsets + j * blocks + blk * 8 : nullptr);
         w = k_step<T>(rows[j] + blk * B, header[j], static_cast<int>(p % 4));
+      } else if constexpr (nibbles) {
+        const uint8_t* first = rows[j] + 2 * p * B;
+        const uint8_t* second = 2 * p + 1 < k / kBlock ? first + B : kZeroBlock;
+        __m128 dm;
+        w.u = nibble_pair<T>(first, second, dm);
+        w.s = _mm512_permutexvar_ps(nibble_lanes(2), _mm512_castps128_ps512(dm));
+        if (aff) _mm_storeu_ps(offsets + j * offset_stride + 4 * p, dm);
       } else {
         float d0 = 0.f, m0 = 0.f, d1 = 0.f, m1 = 0.f;
         const __m256i lo = block32<T>(rows[j] + 2 * p * B, d0, m0);
@@ -540,7 +620,10 @@ __attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Acti
   for (int j = 0; j < R; ++j)
     for (int c = 0; c < C; ++c) {
       float value = _mm512_reduce_add_ps(acc[j][c]);
-      if (aff) value += dot_floats512(offsets + j * blocks, a.scaled_sum.data() + (i + c) * blocks, blocks);
+      if (aff && nibbles)  // [d_a, m_a, d_b, m_b] against [0, sum_a, 0, sum_b]: the m terms
+        value += dot_floats512(offsets + j * offset_stride, a.scaled_sum_pairs.data() + (i + c) * steps * 4, steps * 4);
+      else if (aff)
+        value += dot_floats512(offsets + j * offset_stride, a.scaled_sum.data() + (i + c) * blocks, blocks);
       y[(i + c) * y_stride + part.column + r + j] = value;
     }
 }
@@ -800,13 +883,16 @@ torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::In
   torch::Tensor y = torch::empty({m, columns}, x.options());
   if (m == 0 || columns == 0) return y;
   const torch::Tensor xc = x.contiguous();
-  const Activations a = quantize_activations(xc.data_ptr<float>(), m, k);
+  Activations a = quantize_activations(xc.data_ptr<float>(), m, k);
+  const bool vnni = path == "vnni";
+  if (vnni && std::any_of(parts.begin(), parts.end(), [](const Part& p) { return nibble_format(p.type); }))
+    add_nibble_order(a, m);
   std::vector<std::vector<int32_t>> starts(parts.size());
   std::vector<Rows> kernels;
   for (size_t p = 0; p < parts.size(); ++p) {
     kernels.push_back(pick(path, parts[p].type));
     if (parts[p].bias && path != "portable" && !(path == "avx2" && parts[p].type == Q8_0))
-      starts[p] = bias_start(a, m, parts[p].bias);
+      starts[p] = bias_start(vnni && nibble_format(parts[p].type) ? a.quad_nibbles : a.quad_sum, parts[p].bias);
   }
   float* out = y.data_ptr<float>();
   // every part's rows as one range, so that a small part does not leave a thread idle

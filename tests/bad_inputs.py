@@ -31,6 +31,7 @@ class Case:
     wrap: str | None = None  # "read-only" or "full-disk": run inside a mount namespace that makes it so
     loads_model: bool = False  # informational: whether the case gets as far as loading a model
     env: dict = field(default_factory=dict)
+    exit_code: int = 2  # 0 where the command refuses the input and goes on (an interactive chat)
 
 
 CHAT = ("chat", "--max-new-tokens", "4")
@@ -93,6 +94,14 @@ CASES: list[Case] = [
         r"tokens long, but .* reads at most 64",
         db="good_db",
         loads_model=True,
+    ),
+    Case(
+        "interactive message past the context",
+        (*CHAT, *TINY, "--db", "{ws.good_db}"),
+        r"tokens long, but .* reads at most 64 .*send a shorter message, or /new to start a new conversation",
+        stdin=("word " * 200 + "\nhello\n").encode(),
+        loads_model=True,
+        exit_code=0,
     ),
     Case(
         "invalid utf-8 message",

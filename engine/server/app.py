@@ -237,8 +237,8 @@ async def _sse(
 def _as_api_error(error: BaseException) -> ApiError:
     if isinstance(error, ApiError):
         return error
-    if isinstance(error, ContextOverflowError):
-        return ApiError(400, str(error), param="messages", code="context_length_exceeded")
+    if isinstance(error, ContextOverflowError):  # the facts: the app's advice is not an API client's
+        return ApiError(400, error.facts, param="messages", code="context_length_exceeded")
     if isinstance(error, SettingsError):
         return ApiError(400, str(error))
     if isinstance(error, TandemError):

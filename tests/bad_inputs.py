@@ -80,6 +80,16 @@ CASES: list[Case] = [
     Case("top-p 0", (*CHAT, "--top-p", "0", "--message", "hi"), r"top-p must be in"),
     Case("top-p nan", (*CHAT, "--top-p", "nan", "--message", "hi"), r"top-p must be in"),
     Case(
+        "seed 2**70",
+        (*CHAT, "--seed", str(2**70), "--message", "hi"),
+        r"seed must be a whole number from -9223372036854775808 to 9223372036854775807 .*, not 1180591620717411303424",
+    ),
+    Case(
+        "seed -2**63 - 1",
+        (*CHAT, "--seed", str(-(2**63) - 1), "--message", "hi"),
+        r"seed must be a whole number from",
+    ),
+    Case(
         "max-new-tokens 0",
         ("chat", "--max-new-tokens", "0", "--message", "hi"),
         r"max new tokens must be at least 1",

@@ -29,8 +29,9 @@ class Case:
     stdin: bytes | None = None
     db: str | None = None  # the Workspace attribute of a database that must be left unchanged
     wrap: str | None = None  # "read-only" or "full-disk": run inside a mount namespace that makes it so
+    wrap_folder: str | None = None  # the Workspace attribute of the folder wrapped (default: db's folder)
     loads_model: bool = False  # informational: whether the case gets as far as loading a model
-    env: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # values are filled from the Workspace too
     exit_code: int = 2  # 0 where the command refuses the input and goes on (an interactive chat)
 
 
@@ -170,6 +171,21 @@ CASES: list[Case] = [
         r"in use by another tandem",
         db="held_db",
     ),
+    # the cache folder
+    Case(
+        "cache folder read-only",
+        (*CHAT, "--message", "hi"),
+        r"cannot write to its (model )?cache folder .*ro-cache.* \(a read-only disk\)\. set TANDEM_CACHE_DIR",
+        env={"TANDEM_CACHE_DIR": "{ws.ro_cache}"},
+        wrap="read-only",
+        wrap_folder="ro_cache",
+    ),
+    Case(
+        "cache folder under a file",
+        (*CHAT, "--message", "hi"),
+        r"cannot write to its cache folder .*random.gguf/cache \(not a directory\)\. set TANDEM_CACHE_DIR",
+        env={"TANDEM_CACHE_DIR": "{ws.random_gguf}/cache"},
+    ),
     # benchmark
     Case(
         "bench json unwritable",
@@ -211,6 +227,8 @@ class Workspace:
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
         self.random_gguf = root / "random.gguf"
         self.random_gguf.write_bytes(os.urandom(4096))
+        self.ro_cache = root / "ro-cache"
+        self.ro_cache.mkdir()
         self.pickle = root / "pickle"
         self.pickle.mkdir()
         shutil.copy(self.tiny / "config.json", self.pickle / "config.json")
@@ -289,10 +307,11 @@ def fingerprint(path: Path):
 
 
 def wrapped(command: list, case: Case, ws: Workspace) -> list:
-    """The command inside a private mount namespace that makes the database folder read-only or full."""
+    """The command inside a private mount namespace that makes the case's folder (the database's by
+    default) read-only or full."""
     if case.wrap is None:
         return command
-    folder = str(getattr(ws, case.db).parent)
+    folder = str(getattr(ws, case.wrap_folder) if case.wrap_folder else getattr(ws, case.db).parent)
     if case.wrap == "read-only":
         setup = f'mount --bind "{folder}" "{folder}" && mount -o remount,bind,ro "{folder}"'
     else:  # a 2 MiB disk holding the database, then filled up
@@ -313,7 +332,12 @@ def can_wrap() -> bool:
 
 def run_case(case: Case, ws: Workspace, timeout: float = 600) -> subprocess.CompletedProcess:
     command = wrapped([str(CLI), *(fill(a, ws) for a in case.args)], case, ws)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TANDEM_DATA_DIR": str(ws.root / "data"), **case.env}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TANDEM_DATA_DIR": str(ws.root / "data"),
+        **{name: fill(value, ws) for name, value in case.env.items()},
+    }
     return subprocess.run(
         command, input=case.stdin or b"", capture_output=True, env=env, timeout=timeout, cwd=ws.root
     )

@@ -48,6 +48,11 @@ CASES: list[Case] = [
         (*CHAT, *TINY[:2], "--target", "{ws.truncated}", "--message", "hi"),
         r"truncat|corrupt|damaged|incomplete|safetensors",
     ),
+    Case(
+        "model folder without a tokenizer",
+        (*CHAT, *TINY[2:], "--target", "{ws.no_tokenizer}", "--message", "hi"),
+        r"has no tokenizer \(tokenizer.json or tokenizer.model\): copy the tokenizer files",
+    ),
     Case("random-bytes gguf", (*CHAT, "--target", "{ws.random_gguf}", "--message", "hi"), r"not a gguf"),
     Case("pickle checkpoint", (*CHAT, "--target", "{ws.pickle}", "--message", "hi"), r"pickle"),
     Case(
@@ -225,6 +230,15 @@ class Workspace:
         shutil.copytree(self.tiny, self.truncated)
         weights = self.truncated / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        self.no_tokenizer = root / "no-tokenizer"
+        shutil.copytree(self.tiny, self.no_tokenizer)
+        for name in (
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "chat_template.jinja",
+        ):
+            (self.no_tokenizer / name).unlink(missing_ok=True)
         self.random_gguf = root / "random.gguf"
         self.random_gguf.write_bytes(os.urandom(4096))
         self.ro_cache = root / "ro-cache"

@@ -8,6 +8,7 @@ the installed `tandem-cli`; another front end (the HTTP server) can run the same
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -191,6 +192,25 @@ CASES: list[Case] = [
         r"cannot write to its cache folder .*random.gguf/cache \(not a directory\)\. set TANDEM_CACHE_DIR",
         env={"TANDEM_CACHE_DIR": "{ws.random_gguf}/cache"},
     ),
+    # import
+    Case(
+        "import of an export without its conversation",
+        ("import", "--db", "{ws.good_db}", "{ws.export_without_conversation}"),
+        r"export-without-conversation.json: conversation 1 of 1 is damaged\. its entry has no 'conversation'\.",
+        db="good_db",
+    ),
+    Case(
+        "import of an export whose message lacks a role",
+        ("import", "--db", "{ws.good_db}", "{ws.export_without_role}"),
+        r"conversation 2 of 2 is damaged\. message 4 has no 'role'\.",
+        db="good_db",
+    ),
+    Case(
+        "import of a file that is not an export",
+        ("import", "--db", "{ws.good_db}", "{ws.random_db}"),
+        r"random.db is not a tandem conversation export",
+        db="good_db",
+    ),
     # benchmark
     Case(
         "bench json unwritable",
@@ -243,6 +263,12 @@ class Workspace:
         self.random_gguf.write_bytes(os.urandom(4096))
         self.ro_cache = root / "ro-cache"
         self.ro_cache.mkdir()
+        self.export_without_conversation = root / "export-without-conversation.json"
+        self.export_without_conversation.write_text(json.dumps(
+            {"format": "tandem-conversations", "version": 1, "conversations": [{"messages": []}]}
+        ))  # fmt: skip
+        self.export_without_role = root / "export-without-role.json"
+        self.export_without_role.write_text(json.dumps(_export_without_a_role()))
         self.pickle = root / "pickle"
         self.pickle.mkdir()
         shutil.copy(self.tiny / "config.json", self.pickle / "config.json")
@@ -298,6 +324,28 @@ class Workspace:
         vocab[a], vocab[b] = vocab[b], vocab[a]
         path.write_text(json.dumps(data))
         return folder
+
+
+def _export_without_a_role() -> dict:
+    """An export of two conversations; the second's reply has lost its role."""
+    conversation = {
+        "id": 1, "title": "t", "created": "2024-05-01T12:00:00.000000Z", "updated": "2024-05-01T12:00:00.000000Z",
+        "target_model": "builtin", "system_prompt": "", "draft_settings": {},
+    }  # fmt: skip
+    message = {
+        "id": 1, "parent_id": None, "role": "user", "content": "hi", "created": conversation["created"],
+        "status": "complete", "token_count": None, "stats": None, "selected": 1,
+    }  # fmt: skip
+    reply = {**message, "id": 4, "parent_id": 3}
+    del reply["role"]
+    return {
+        "format": "tandem-conversations",
+        "version": 1,
+        "conversations": [
+            {"conversation": conversation, "messages": [message]},
+            {"conversation": {**conversation, "id": 2}, "messages": [{**message, "id": 3}, reply]},
+        ],
+    }
 
 
 def fill(value, ws: Workspace):

@@ -7,6 +7,9 @@
 
 A stream is answered only once the engine has started on it, so an error it raises before the first
 token (a prompt past the context, a setting out of range) is a proper 400 rather than a broken stream.
+
+How the body is sent is checked first (engine.server.body: JSON, its size, depth and text), then what
+it asks (engine.server.schemas).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from engine.backend import ChatBackend
 from engine.errors import ContextOverflowError, SettingsError, TandemError
 from engine.events import Finished, RoundStats, TextPiece
 from engine.server import schemas
+from engine.server.body import read_json
 from engine.server.metrics import ServerMetrics
 from engine.server.schemas import ApiError
 from engine.server.worker import EngineWorker, Job, ServerBusy
@@ -87,6 +91,12 @@ def create_app(
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         return JSONResponse(ApiError(400, str(error)).body(), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, error: Exception) -> JSONResponse:
+        """A bug: still an error object (the traceback goes to the log)."""
+        body = ApiError(500, f"The server failed: {error.__class__.__name__}.", "server_error").body()
+        return JSONResponse(body, status_code=500)
+
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": model_name, "queue_depth": metrics.queue_depth}
@@ -107,14 +117,7 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         check_key(request)
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ApiError(
-                400, f"The request body is not valid JSON: {error}.", code="invalid_json"
-            ) from None
-        chat = schemas.parse_chat_request(body, model_name, defaults)
+        chat = schemas.parse_chat_request(await read_json(request), model_name, defaults)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 

@@ -135,7 +135,13 @@ def _messages(value) -> list[dict]:
                 raise ApiError(
                     400, f"messages[{i}]: only text content is supported.", param=f"messages[{i}].content"
                 )
-            content = "".join(str(p.get("text", "")) for p in content)
+            if not all(isinstance(p.get("text", ""), str) for p in content):
+                raise ApiError(
+                    400,
+                    f"messages[{i}]: a text part's 'text' must be a string.",
+                    param=f"messages[{i}].content",
+                )
+            content = "".join(p.get("text", "") for p in content)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}] needs text content.", param=f"messages[{i}].content")
         messages.append({"role": message["role"], "content": content})

@@ -362,6 +362,13 @@ def test_api_key_is_required_and_checked(server):
     assert httpx.get(url, headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
 
 
+def test_with_an_api_key_any_host_name_is_served_but_not_any_web_page(server, client):
+    """The key keeps strangers out, so a name such as the machine's own is fine; a page is still refused."""
+    assert client.get("/v1/models", headers={"Host": "my-machine.lan:8000"}).status_code == 200
+    page = client.get("/v1/models", headers={"Origin": "http://evil.example"})
+    assert page.status_code == 403 and page.json()["error"]["code"] == "origin_not_allowed"
+
+
 def test_binding_beyond_the_loopback_needs_an_api_key():
     result = subprocess.run(
         [*CLI, "serve", "--host", "0.0.0.0", "--port", "0"], capture_output=True, text=True, timeout=120

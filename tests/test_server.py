@@ -205,7 +205,7 @@ def raw(body: dict) -> bytes:
 
 JSON = "application/json"
 # The server's bad-input catalogue: (id, body, content type, status, error code, error param). Every
-# answer must be an OpenAI error object.
+# answer must be an OpenAI error object, and /metrics must count it under its HTTP status.
 BAD_REQUESTS = [
     ("bad-json", b"{not json", JSON, 400, "invalid_json", None),
     ("unknown-model", chat_body(model="no-such-model"), JSON, 404, "model_not_found", "model"),
@@ -328,6 +328,7 @@ BAD_REQUESTS = [
     ids=[case[0] for case in BAD_REQUESTS],
 )
 def test_bad_requests_get_openai_error_objects(client, body, content_type, status, code, param):
+    before = metrics(client)
     if isinstance(body, bytes):
         headers = {"content-type": content_type} if content_type else {}
         response = client.post("/v1/chat/completions", content=body, headers=headers)
@@ -337,6 +338,8 @@ def test_bad_requests_get_openai_error_objects(client, body, content_type, statu
     assert response.headers["content-type"] == "application/json"
     error = response.json()["error"]
     assert error["message"] and error["type"] and error["code"] == code and error["param"] == param, error
+    counted = ("tandem:request_errors_total", (("code", str(status)),))
+    assert metrics(client)[counted] == before.get(counted, 0) + 1
 
 
 def test_a_seed_in_range_is_served_and_repeats(client):
@@ -345,6 +348,16 @@ def test_a_seed_in_range_is_served_and_repeats(client):
         first, second = (client.post("/v1/chat/completions", json=body) for _ in range(2))
         assert first.status_code == second.status_code == 200, first.text
         assert first.json()["choices"][0]["message"] == second.json()["choices"][0]["message"]
+
+
+def test_errors_of_every_route_are_counted_by_code(server, client):
+    before = metrics(client)
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401
+    assert client.get("/no/such/page").status_code == 404
+    after = metrics(client)
+    for code in ("401", "404"):
+        counted = ("tandem:request_errors_total", (("code", code),))
+        assert after[counted] == before.get(counted, 0) + 1
 
 
 def test_context_overflow_is_refused_before_streaming(client):

@@ -66,6 +66,9 @@ def test_a_web_pages_simple_request_does_not_generate(client):
     after = counters(client)
     generated = ("tandem:generation_tokens_total", None)
     assert after.get(generated) == before.get(generated)  # nothing was generated
+    for code in ("403", "415"):  # each refusal is counted under its status
+        counted = ("tandem:request_errors_total", code)
+        assert after[counted] == before.get(counted, 0) + 1
 
 
 def test_cross_origin_requests_need_the_origin_named(client):

@@ -77,7 +77,7 @@ def create_app(
             allow_headers=["Authorization", "Content-Type"], allow_private_network=True,
         )  # fmt: skip
     app.add_middleware(
-        RequestGuard, cors_origins=cors_origins,
+        RequestGuard, metrics=metrics, cors_origins=cors_origins,
         allowed_hosts=None if api_key else ["localhost", bound_host, *allow_hosts],
     )  # fmt: skip
     app.state.worker = worker
@@ -110,7 +110,9 @@ def create_app(
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, error: Exception) -> JSONResponse:
-        """A bug: still an error object (the traceback goes to the log)."""
+        """A bug: still an error object (the traceback goes to the log). Answered outside the guard,
+        so counted here."""
+        metrics.count_error(500)
         body = ApiError(500, f"The server failed: {error.__class__.__name__}.", "server_error").body()
         return JSONResponse(body, status_code=500)
 

@@ -1,4 +1,4 @@
-"""Who may drive the server: checks in front of every route.
+"""Who may drive the server: checks in front of every route, and the count of every error answered.
 
 A web page in the user's browser can send requests to 127.0.0.1, and a page on a name that an
 attacker points at 127.0.0.1 (DNS rebinding) can even read the answers. So, before any route runs:
@@ -18,11 +18,14 @@ from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.errors import SettingsError
 from engine.server.listen import is_loopback
+from engine.server.metrics import ServerMetrics
 from engine.server.schemas import ApiError
+
+CLIENT_GONE = 499  # answered to a client that left; counted as cancelled, not as an error
 
 
 def host_name(host_header: str) -> str:
@@ -48,7 +51,7 @@ def checked_origin(origin: str) -> str:
 
 
 class RequestGuard:
-    """ASGI middleware: refuses foreign hosts and origins.
+    """ASGI middleware: refuses foreign hosts and origins, and counts error answers on /metrics.
 
     `allowed_hosts`: names served besides loopback addresses; None serves any name (an API key is set,
     and it is what keeps strangers out)."""
@@ -57,10 +60,12 @@ class RequestGuard:
         self,
         app: ASGIApp,
         *,
+        metrics: ServerMetrics,
         allowed_hosts: Iterable[str] | None,
         cors_origins: Iterable[str] = (),
     ):
         self.app = app
+        self.metrics = metrics
         self.allowed_hosts = None if allowed_hosts is None else {host_name(h) for h in allowed_hosts}
         self.cors_origins = set(cors_origins)
 
@@ -68,11 +73,17 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start" and 400 <= message["status"] != CLIENT_GONE:
+                self.metrics.count_error(message["status"])
+            await send(message)
+
         refusal = self.refusal(scope)
         if refusal is not None:
-            await JSONResponse(refusal.body(), status_code=refusal.status)(scope, receive, send)
+            await JSONResponse(refusal.body(), status_code=refusal.status)(scope, receive, counted)
             return
-        await self.app(scope, receive, send)
+        await self.app(scope, receive, counted)
 
     def refusal(self, scope: Scope) -> ApiError | None:
         headers = Headers(scope=scope)

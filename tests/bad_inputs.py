@@ -14,12 +14,14 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ROOT / ".venv" / "bin" / "tandem-cli"
 TINY_CONTEXT = 64  # the tiny model's context: shorter than the engine's calibration prompt
+OTHER_USER = 65534  # nobody: who runs a case as a user other than root
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,9 @@ class Case:
     error: str  # a regular expression the error line must match (case-insensitive)
     stdin: bytes | None = None
     db: str | None = None  # the Workspace attribute of a database that must be left unchanged
-    wrap: str | None = None  # "read-only" or "full-disk": run inside a mount namespace that makes it so
+    # "read-only" or "full-disk": run inside a mount namespace that makes it so; "another-user": run as
+    # a user other than root (root may write anywhere), so that a folder's chmod 555 holds
+    wrap: str | None = None
     wrap_folder: str | None = None  # the Workspace attribute of the folder wrapped (default: db's folder)
     loads_model: bool = False  # informational: whether the case gets as far as loading a model
     env: dict = field(default_factory=dict)  # values are filled from the Workspace too
@@ -187,6 +191,13 @@ CASES: list[Case] = [
         wrap_folder="ro_cache",
     ),
     Case(
+        "cache folder chmod 555",
+        (*CHAT, "--message", "hi"),
+        r"cannot write to its (model )?cache folder .*tandem-unwritable-.* \(permission denied\)\. set TANDEM_CACHE_DIR",
+        env={"TANDEM_CACHE_DIR": "{ws.unwritable}", "HOME": "{ws.unwritable}"},
+        wrap="another-user",
+    ),
+    Case(
         "cache folder under a file",
         (*CHAT, "--message", "hi"),
         r"cannot write to its cache folder .*random.gguf/cache \(not a directory\)\. set TANDEM_CACHE_DIR",
@@ -263,6 +274,9 @@ class Workspace:
         self.random_gguf.write_bytes(os.urandom(4096))
         self.ro_cache = root / "ro-cache"
         self.ro_cache.mkdir()
+        # outside the test's own folder, which only root may enter; close() removes it
+        self.unwritable = Path(tempfile.mkdtemp(prefix="tandem-unwritable-"))
+        self.unwritable.chmod(0o555)
         self.export_without_conversation = root / "export-without-conversation.json"
         self.export_without_conversation.write_text(json.dumps(
             {"format": "tandem-conversations", "version": 1, "conversations": [{"messages": []}]}
@@ -280,6 +294,10 @@ class Workspace:
         self.future_db = root / "future.db"
         self.good_db = root / "good.db"
         self.held_db = root / "held.db"
+
+    def close(self) -> None:
+        self.unwritable.chmod(0o755)
+        shutil.rmtree(self.unwritable)
 
     def fresh_databases(self) -> None:
         """Databases for one case: a good one with a conversation, a damaged one and a too-new one."""
@@ -373,6 +391,10 @@ def wrapped(command: list, case: Case, ws: Workspace) -> list:
     default) read-only or full."""
     if case.wrap is None:
         return command
+    if case.wrap == "another-user":
+        if os.geteuid() != 0:
+            return command
+        return ["setpriv", f"--reuid={OTHER_USER}", f"--regid={OTHER_USER}", "--clear-groups", *command]
     folder = str(getattr(ws, case.wrap_folder) if case.wrap_folder else getattr(ws, case.db).parent)
     if case.wrap == "read-only":
         setup = f'mount --bind "{folder}" "{folder}" && mount -o remount,bind,ro "{folder}"'
@@ -385,7 +407,9 @@ def wrapped(command: list, case: Case, ws: Workspace) -> list:
     return ["unshare", "-rm", "sh", "-c", f'{setup} && exec "$0" "$@"', *command]
 
 
-def can_wrap() -> bool:
+def can_wrap(case: Case) -> bool:
+    if case.wrap == "another-user":
+        return os.geteuid() != 0 or shutil.which("setpriv") is not None
     try:
         return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.SubprocessError):

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.skipif(not CLI.exists(), reason="needs the installed ta
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, builtin_tokenizer):
-    return Workspace(tmp_path_factory.mktemp("bad-inputs"), builtin_tokenizer)
+    workspace = Workspace(tmp_path_factory.mktemp("bad-inputs"), builtin_tokenizer)
+    yield workspace
+    workspace.close()
 
 
 HOLDER = """
@@ -32,8 +34,8 @@ sys.stdin.readline()
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_gets_one_readable_line(case: Case, workspace: Workspace):
-    if case.wrap and not can_wrap():
-        pytest.skip("needs unshare -rm to make a read-only or full disk")
+    if case.wrap and not can_wrap(case):
+        pytest.skip("needs unshare -rm (a read-only or full disk) or setpriv (another user)")
     workspace.fresh_databases()
     db = getattr(workspace, case.db) if case.db else None
     before = fingerprint(db) if db else None

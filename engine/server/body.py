@@ -21,7 +21,7 @@ from engine.server.schemas import ApiError
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_DEPTH = 64
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # the unrolled form: linear, and fast
 _BRACKETS = re.compile(rb"[\[\]{}]")
 
 

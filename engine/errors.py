@@ -22,7 +22,14 @@ class IncompatibleDraftError(TandemError):
 
 
 class ContextOverflowError(TandemError):
-    pass
+    """The conversation is longer than the model reads. `facts` says by how much; the message adds
+    the advice for the app (a front end with other means, such as the terminal's /new, gives its own)."""
+
+    ADVICE = "Start a new chat or delete earlier messages."
+
+    def __init__(self, facts: str, advice: str = ADVICE):
+        super().__init__(f"{facts} {advice}")
+        self.facts = facts
 
 
 class SettingsError(TandemError):

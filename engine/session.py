@@ -288,7 +288,7 @@ class ChatEngine(CompiledPaths):
         if len(prompt_ids) + 1 > limit:
             raise ContextOverflowError(
                 f"The conversation is {len(prompt_ids)} tokens long, but {self.target.name} reads at most "
-                f"{limit} tokens, including at least one for the answer. Start a new chat or delete earlier messages."
+                f"{limit} tokens, including at least one for the answer."
             )
 
     def _choose_drafter(self, speculation: SpeculationSettings) -> tuple[Drafter, str]:

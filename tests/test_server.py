@@ -198,49 +198,166 @@ def test_stream_chunks_carry_round_progress_and_final_stats(client):
     assert rounds == sorted(rounds) and rounds[-1] <= final["tandem"]["rounds"]
 
 
-@pytest.mark.parametrize(
-    ("body", "status", "code", "param"),
-    [
-        (b"{not json", 400, "invalid_json", None),
-        (chat_body(model="no-such-model"), 404, "model_not_found", "model"),
-        (chat_body(n=2), 400, "unsupported_field", "n"),
-        (
-            chat_body(tools=[{"type": "function", "function": {"name": "f"}}]),
-            400,
-            "unsupported_field",
-            "tools",
-        ),
-        (chat_body(frobnicate=True), 400, "unsupported_field", "frobnicate"),
-        (chat_body(temperature=9), 400, None, "temperature"),
-        (chat_body(messages=[]), 400, None, "messages"),
-        (
-            chat_body(messages=[{"role": "user", "content": "word " * 9000}]),
-            400,
-            "context_length_exceeded",
-            "messages",
-        ),
-    ],
-    ids=[
-        "bad-json",
-        "unknown-model",
-        "n>1",
+def raw(body: dict) -> bytes:
+    """`body` as JSON bytes, lone surrogates escaped as JSON allows (json.dumps writes them so)."""
+    return json.dumps(body).encode()
+
+
+JSON = "application/json"
+# The server's bad-input catalogue: (id, body, content type, status, error code, error param). Every
+# answer must be an OpenAI error object, and /metrics must count it under its HTTP status.
+BAD_REQUESTS = [
+    ("bad-json", b"{not json", JSON, 400, "invalid_json", None),
+    ("unknown-model", chat_body(model="no-such-model"), JSON, 404, "model_not_found", "model"),
+    ("n>1", chat_body(n=2), JSON, 400, "unsupported_field", "n"),
+    (
         "tools",
-        "unknown-field",
+        chat_body(tools=[{"type": "function", "function": {"name": "f"}}]),
+        JSON,
+        400,
+        "unsupported_field",
+        "tools",
+    ),
+    ("unknown-field", chat_body(frobnicate=True), JSON, 400, "unsupported_field", "frobnicate"),
+    ("temperature", chat_body(temperature=9), JSON, 400, None, "temperature"),
+    (
+        "temperature-nan",
+        raw(chat_body()).replace(b'"temperature": 0', b'"temperature": NaN'),
+        JSON,
+        400,
+        None,
         "temperature",
-        "no-messages",
+    ),
+    ("temperature-text", chat_body(temperature="hot"), JSON, 400, None, "temperature"),
+    ("top-p-0", chat_body(top_p=0), JSON, 400, None, "top_p"),
+    ("top-k-negative", chat_body(top_k=-1), JSON, 400, None, "top_k"),
+    ("max-tokens-0", chat_body(max_tokens=0), JSON, 400, None, "max_tokens"),
+    ("stream-text", chat_body(stream="yes"), JSON, 400, None, "stream"),
+    ("stop-5", chat_body(stop=["a", "b", "c", "d", "e"]), JSON, 400, None, "stop"),
+    ("no-messages", chat_body(messages=[]), JSON, 400, None, "messages"),
+    ("messages-object", chat_body(messages={"role": "user"}), JSON, 400, None, "messages"),
+    ("role-robot", chat_body(messages=[{"role": "robot", "content": "hi"}]), JSON, 400, None, "messages[0]"),
+    (
+        "last-not-user",
+        chat_body(messages=[{"role": "assistant", "content": "hi"}]),
+        JSON,
+        400,
+        None,
+        "messages",
+    ),
+    (
+        "image-part",
+        chat_body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+        JSON,
+        400,
+        None,
+        "messages[0].content",
+    ),
+    (
+        "part-text-nested",
+        chat_body(messages=[{"role": "user", "content": [{"type": "text", "text": [[["x"]]]}]}]),
+        JSON,
+        400,
+        None,
+        "messages[0].content",
+    ),
+    ("body-a-list", b"[1, 2]", JSON, 400, None, None),
+    (
         "past-context",
-    ],
+        chat_body(messages=[{"role": "user", "content": "word " * 9000}]),
+        JSON,
+        400,
+        "context_length_exceeded",
+        "messages",
+    ),
+    # seeds: refused past a signed 64-bit integer, never reduced onto another seed
+    ("seed-2**70", chat_body(seed=2**70), JSON, 400, None, "seed"),
+    ("seed-below-int64", chat_body(seed=-(2**63) - 1), JSON, 400, None, "seed"),
+    ("seed-fraction", chat_body(seed=1.5), JSON, 400, None, "seed"),
+    ("seed-text", chat_body(seed="7"), JSON, 400, None, "seed"),
+    (
+        "seed-5000-digits",
+        raw(chat_body()).replace(b'"temperature"', b'"seed": ' + b"9" * 5000 + b', "temperature"'),
+        JSON,
+        400,
+        "invalid_json",
+        None,
+    ),
+    # text that is not valid Unicode
+    (
+        "lone-surrogate",
+        raw(chat_body(messages=[{"role": "user", "content": "ab\ud800c"}])),
+        JSON,
+        400,
+        "invalid_text",
+        "messages[0].content",
+    ),
+    ("lone-surrogate-model", raw(chat_body(model="\udfff")), JSON, 400, "invalid_text", "model"),
+    ("lone-surrogate-key", raw(chat_body(metadata={"\ud800": 1})), JSON, 400, "invalid_text", "metadata"),
+    ("lone-surrogate-stop", raw(chat_body(stop=["\ud800"])), JSON, 400, "invalid_text", "stop[0]"),
+    ("invalid-utf-8", b'{"model": "caf\xe9"}', JSON, 400, "invalid_json", None),
+    # nesting and size
+    (
+        "nested-100000",
+        b'{"metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        JSON,
+        400,
+        "invalid_json",
+        None,
+    ),
+    ("nested-65", raw(chat_body(metadata=json.loads("[" * 65 + "]" * 65))), JSON, 400, "invalid_json", None),
+    (
+        "brackets-in-text",
+        raw(chat_body(messages=[{"role": "user", "content": "[" * 100_000}], max_tokens=1)),
+        JSON,
+        400,
+        "context_length_exceeded",
+        "messages",
+    ),
+    ("9-MiB", b'{"metadata": "' + b"x" * (9 * 2**20) + b'"}', JSON, 413, "request_too_large", None),
+    # how the body is sent: JSON only (text/plain is what a web page may send without asking)
+    ("text/plain", raw(chat_body()), "text/plain", 415, "unsupported_media_type", None),
+    ("form", raw(chat_body()), "application/x-www-form-urlencoded", 415, "unsupported_media_type", None),
+    ("no-content-type", raw(chat_body()), None, 415, "unsupported_media_type", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "code", "param"),
+    [case[1:] for case in BAD_REQUESTS],
+    ids=[case[0] for case in BAD_REQUESTS],
 )
-def test_bad_requests_get_openai_error_objects(client, body, status, code, param):
+def test_bad_requests_get_openai_error_objects(client, body, content_type, status, code, param):
+    before = metrics(client)
     if isinstance(body, bytes):
-        response = client.post(
-            "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
-        )
+        headers = {"content-type": content_type} if content_type else {}
+        response = client.post("/v1/chat/completions", content=body, headers=headers)
     else:
         response = client.post("/v1/chat/completions", json=body)
-    assert response.status_code == status
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
     error = response.json()["error"]
-    assert error["message"] and error["type"] and error["code"] == code and error["param"] == param
+    assert error["message"] and error["type"] and error["code"] == code and error["param"] == param, error
+    counted = ("tandem:request_errors_total", (("code", str(status)),))
+    assert metrics(client)[counted] == before.get(counted, 0) + 1
+
+
+def test_a_seed_in_range_is_served_and_repeats(client):
+    for seed in (-(2**63), 2**63 - 1):
+        body = chat_body(seed=seed, temperature=1.0, max_tokens=6)
+        first, second = (client.post("/v1/chat/completions", json=body) for _ in range(2))
+        assert first.status_code == second.status_code == 200, first.text
+        assert first.json()["choices"][0]["message"] == second.json()["choices"][0]["message"]
+
+
+def test_errors_of_every_route_are_counted_by_code(server, client):
+    before = metrics(client)
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401
+    assert client.get("/no/such/page").status_code == 404
+    after = metrics(client)
+    for code in ("401", "404"):
+        counted = ("tandem:request_errors_total", (("code", code),))
+        assert after[counted] == before.get(counted, 0) + 1
 
 
 def test_context_overflow_is_refused_before_streaming(client):
@@ -256,6 +373,13 @@ def test_api_key_is_required_and_checked(server):
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(f"{server.url}/metrics").status_code == 401
     assert httpx.get(url, headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+
+
+def test_with_an_api_key_any_host_name_is_served_but_not_any_web_page(server, client):
+    """The key keeps strangers out, so a name such as the machine's own is fine; a page is still refused."""
+    assert client.get("/v1/models", headers={"Host": "my-machine.lan:8000"}).status_code == 200
+    page = client.get("/v1/models", headers={"Origin": "http://evil.example"})
+    assert page.status_code == 403 and page.json()["error"]["code"] == "origin_not_allowed"
 
 
 def test_binding_beyond_the_loopback_needs_an_api_key():

@@ -208,13 +208,16 @@ def print_kernel_notes(target, draft) -> None:
 SAVE_RETRY_S = 5.0  # how often a reply that could not be saved (full disk) is saved again
 
 
-def cut_notice(finished: Finished, sampling: SamplingSettings, context_length: int) -> str | None:
+def cut_notice(
+    finished: Finished, sampling: SamplingSettings, context_length: int, interactive: bool = True
+) -> str | None:
     """Why a reply stopped before the model ended it, or None when it ended by itself."""
     if finished.reason != "max_tokens":
         return None
     if len(finished.token_ids) >= sampling.max_new_tokens:
         return f"[reply cut at {sampling.max_new_tokens} tokens: raise --max-new-tokens for longer replies]"
-    return f"[reply cut: the conversation filled the model's context of {context_length} tokens; start a new chat]"
+    advice = "; /new starts a new conversation" if interactive else ""
+    return f"[reply cut: the conversation filled the model's context of {context_length} tokens{advice}]"
 
 
 def run_chat(args) -> int:
@@ -247,13 +250,13 @@ def _chat(args, engine, sampling: SamplingSettings, recorder: ConversationRecord
         return functools.partial(engine.generate_ids, prompt_ids)
 
     def after_turn(finished):
-        notice = cut_notice(finished, sampling, engine.context_length)
+        notice = cut_notice(finished, sampling, engine.context_length, interactive=args.message is None)
         if notice:
             print(notice, file=sys.stderr)
 
     # a conversation builds the compiled path beside it (a one-shot runs uncompiled: build_engine)
     engine.optimize_in_background(on_done=lambda message: print(f"[{message}]", file=sys.stderr))
-    converse(args, engine.target.spec, recorder, prepare_turn, after_turn)
+    converse(args, engine.target.spec, recorder, prepare_turn, after_turn, on_new=engine.reset)
     return 0
 
 
@@ -288,6 +291,11 @@ class ConversationRecorder:
 
     def close(self) -> None:
         self.store.close()
+
+    def new_conversation(self) -> None:
+        """The next message starts a new stored conversation (created with it, as the first was)."""
+        self.conversation_id = None
+        self.last_id = None
 
     def begin(self, text: str):
         """Commit the user's message, then an empty streaming reply; the reply's updater."""

@@ -1,8 +1,11 @@
 """`tandem-cli serve`: Tandem's engine as an OpenAI-compatible HTTP server.
 
 Binds 127.0.0.1 unless told otherwise; any other address needs an API key (--api-key or
---api-key-env), so the engine is never open to a network by accident. `--port 0` takes a free port;
-the address actually bound is printed as `Listening on http://HOST:PORT` once requests are accepted.
+--api-key-env), so the engine is never open to a network by accident. Without a key, it answers only
+requests addressed to this computer (the bound address, localhost, a loopback address, or a name given
+with --allow-host), and web pages of other origins cannot use it unless --cors-origin names them
+(engine.server.guard). `--port 0` takes a free port; the address actually bound is printed as
+`Listening on http://HOST:PORT` once requests are accepted.
 """
 
 from __future__ import annotations
@@ -24,6 +27,22 @@ def add_serve_parser(subparsers) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
     parser.add_argument("--api-key", default=None, help="key clients must send (required off the loopback)")
     parser.add_argument("--api-key-env", default=None, help="read the API key from this environment variable")
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests addressed to this host name (without an API key, only the bound "
+        "address, localhost and loopback addresses are answered); repeat for several",
+    )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from this origin (such as http://localhost:3000) use the server; "
+        "repeat for several (default: none, so no web page can)",
+    )
     parser.add_argument(
         "--model-name", default=None, help="the model id clients ask for (default: the target spec)"
     )
@@ -90,10 +109,12 @@ def run_serve(args) -> int:
 
     from engine.cli.chat import sampling_from_args, speculation_from_args
     from engine.server.app import create_app
+    from engine.server.guard import checked_origin
     from engine.server.listen import bind_socket, check_bind
 
     api_key = resolve_api_key(args)
     check_bind(args.host, api_key)
+    cors_origins = [checked_origin(origin) for origin in args.cors_origin]
     if args.max_queue < 1:
         raise SettingsError(f"--max-queue must be at least 1, not {args.max_queue}.")
     speculation = speculation_from_args(args)
@@ -107,6 +128,9 @@ def run_serve(args) -> int:
         max_queue=args.max_queue,
         defaults=sampling,
         context_length=getattr(engine, "context_length", None),
+        bound_host=args.host,
+        allow_hosts=args.allow_host,
+        cors_origins=cors_origins,
     )
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -1,12 +1,22 @@
-"""The terminal side of a chat, local or remote: reading a line, printing a reply as it streams, its stats."""
+"""The terminal side of a chat, local or remote: reading a line, printing a reply as it streams, its stats,
+and the interactive chat's commands (/new, /help)."""
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from collections.abc import Callable
 
+from engine.errors import ContextOverflowError
 from engine.events import Event, Failed, Finished, TextPiece
+
+COMMANDS = {
+    "/new": "start a new conversation (the model forgets this one)",
+    "/help": "list these commands",
+}
+# a line that is one word after a slash is a command; "/etc/hosts is..." is a message
+COMMAND_LINE = re.compile(r"/[A-Za-z?]+")
 
 
 class TerminalPrinter:
@@ -100,29 +110,62 @@ def answer_turn(printer, recorder, text: str, generate: Callable) -> Finished:
     return finished
 
 
-def converse(args, title: str, recorder, prepare_turn: Callable, after_turn: Callable) -> None:
+def converse(
+    args, title: str, recorder, prepare_turn: Callable, after_turn: Callable, on_new: Callable = lambda: None
+) -> None:
     """A terminal conversation, local or remote: one turn for --message, else a turn per line read
     until an empty line or the end of input. prepare_turn(messages) -> the turn's generate callable
     (it may refuse the message before anything is stored); after_turn(finished) prints what the
-    reply's end needs saying."""
-    messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    reply's end needs saying; on_new() runs when the user starts a new conversation (/new).
+
+    In an interactive chat, a message past the model's context is refused with one line and the chat
+    goes on: the user can send a shorter one, or /new."""
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages: list[dict] = list(system)
     printer = TerminalPrinter()
     interactive = args.message is None
     if interactive:
-        print(f"Tandem chat with {title}. Empty line or Ctrl+D to quit.", file=sys.stderr)
+        print(f"Tandem chat with {title}. /help lists the commands; an empty line or Ctrl+D quits.",
+              file=sys.stderr)  # fmt: skip
     while True:
         if interactive:
             line = read_line()
             text = checked_text(line.strip(), "The message") if line is not None else ""
             if not text:
                 break
+            if COMMAND_LINE.fullmatch(text):
+                if text.lower() == "/new":
+                    messages = list(system)
+                    if recorder is not None:
+                        recorder.new_conversation()
+                    on_new()
+                    print("[new conversation]", file=sys.stderr)
+                else:
+                    _help(text)
+                continue
         else:
             text = args.message
         messages.append({"role": "user", "content": text})
-        finished = answer_turn(printer, recorder, text, prepare_turn(messages))
+        try:
+            finished = answer_turn(printer, recorder, text, prepare_turn(messages))
+        except ContextOverflowError as exc:
+            messages.pop()
+            if not interactive:
+                raise ContextOverflowError(exc.facts, "Send a shorter message.") from None
+            print(f"tandem: {exc.facts} Send a shorter message, or /new to start a new conversation.",
+                  file=sys.stderr)  # fmt: skip
+            continue
         messages.append({"role": "assistant", "content": finished.text})
         after_turn(finished)
         if args.stats:
             print(format_stats(finished), file=sys.stderr)
         if not interactive:
             break
+
+
+def _help(command: str) -> None:
+    lines = [f"  {name:<6} {what}" for name, what in COMMANDS.items()]
+    lines.append("  An empty line or Ctrl+D quits; Ctrl+C stops a reply.")
+    if command.lower() not in ("/help", "/?"):
+        lines.insert(0, f"Unknown command {command}. The commands:")
+    print("\n".join(lines), file=sys.stderr)

@@ -1,13 +1,19 @@
 """Tandem's C++ CPU kernels (engine/kernels/native/*.cpp), built once with torch's extension builder.
 
 One extension holds them all, so a first start compiles once (about 30 s on 2 cores) and every later
-start loads the library from the cache folder (per torch version; ninja rebuilds a changed source).
-Each source registers its own torch op namespace: `tandem_block_quant` (block-quantized layers,
-engine.kernels.block_quant), `tandem_row_linear` (the float linear of decoding and verification,
-engine.runtime.row_linear), `tandem_attention` (attention row by row, engine.runtime.attention) and
-`tandem_layer` (a whole decoder layer in one call, float or block-quantized, engine.runtime.fused_layer) and
-`tandem_gguf` (layers on a GGUF file's own blocks, engine.kernels.gguf_quant). Where
-they cannot be built or loaded, each caller says why and takes its float path.
+start loads the library from the cache folder. Each source registers its own torch op namespace:
+`tandem_block_quant` (block-quantized layers, engine.kernels.block_quant), `tandem_row_linear` (the
+float linear of decoding and verification, engine.runtime.row_linear), `tandem_attention` (attention
+row by row, engine.runtime.attention), `tandem_layer` (a whole decoder layer in one call, float or
+block-quantized, engine.runtime.fused_layer) and `tandem_gguf` (layers on a GGUF file's own blocks,
+engine.kernels.gguf_quant). Where they cannot be built or loaded, each caller says why and takes its
+float path.
+
+The cache folder is named after what the library is made of: a hash of every file in native/, the
+torch version, the compiler and its flags (`build_key`). Two installs or checkouts of the same sources
+share one build; changed sources get a folder of their own, so two versions never rebuild each
+other's. One process builds at a time (an OS file lock, which dies with its holder, so a killed
+build's lock is taken over); one that finds another building says so at once and waits for it.
 
 The installed bundle has no compiler: packaging builds the library once and ships it in the bundle's
 `tandem_native/` folder (`prebuilt_library()`), which the frozen app loads instead of building. The
@@ -18,16 +24,42 @@ TANDEM_NATIVE_DIR overrides where the library is built (the test suite shares on
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import os
 import sys
+import threading
 from pathlib import Path
 
 import torch
 
 LIBRARY = "tandem_native"
 BUNDLE_FOLDER = "tandem_native"  # beside the frozen app's modules (sys._MEIPASS)
-SOURCES = sorted((Path(__file__).parent / "native").glob("*.cpp"))
+SOURCE_FOLDER = Path(__file__).parent / "native"
+CFLAGS = ("-O3", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+LOCK_FILE = "build.flock"
+BUILT_FILE = "built"  # written after a build that loaded; holds its build_key
+BUILDING = "Building Tandem's CPU kernels for this machine (once)"
+WAITING = "Waiting for another Tandem to finish building its CPU kernels"
+
+_outcome: list[str | None] = []  # build()'s answer, once known in this process
+_outcome_lock = threading.Lock()
+
+
+def source_files() -> list[Path]:
+    """Every file the library is made of (sources and headers alike)."""
+    return sorted(p for p in SOURCE_FOLDER.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def build_key() -> str:
+    """What the library is made of, hashed: the sources' names and bytes, torch, the compiler, the flags."""
+    digest = hashlib.sha256()
+    for path in source_files():
+        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
+        digest.update(path.read_bytes())
+    toolchain = (torch.__version__, os.environ.get("CXX", "c++"), CFLAGS, LDFLAGS)
+    digest.update(repr(toolchain).encode())
+    return digest.hexdigest()[:16]
 
 
 def build_folder() -> Path:
@@ -38,14 +70,28 @@ def build_folder() -> Path:
         if os.environ.get("TANDEM_NATIVE_DIR")
         else cache_dir() / "native"
     )
-    folder = root / f"torch-{torch.__version__}"
+    folder = root / f"torch-{torch.__version__}-{build_key()}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-@functools.cache
+def build(progress=None) -> str | None:
+    """None once the kernels are loaded (building them the first time), else why they cannot be.
+
+    A first build (tens of seconds), and a wait on another process's build, are said through
+    `progress(stage, done, total)`; without it, on stderr."""
+    with _outcome_lock:
+        if not _outcome:
+            _outcome.append(_load(progress))
+        return _outcome[0]
+
+
 def build_error() -> str | None:
-    """None once the kernels are loaded (building them the first time), else why they cannot be."""
+    """build() for callers that have no progress to show: the answer is cached after the first call."""
+    return build()
+
+
+def _load(progress) -> str | None:
     ops = torch.ops
     loaded = (
         (ops.tandem_row_linear, "linear"),
@@ -59,32 +105,71 @@ def build_error() -> str | None:
     if getattr(sys, "frozen", False):
         return load_prebuilt(prebuilt_library())
     try:
-        load_library(build_folder())
+        load_library(build_folder(), progress)
     except Exception as exc:  # no compiler, no ninja, a failed build: the kernels are "not here"
         return f"Tandem's CPU kernels could not be built ({first_line(exc)})"
     return None
 
 
-def load_library(folder: Path) -> None:
-    """Builds (if needed) and loads the library, one process at a time.
+def load_library(folder: Path, progress=None) -> None:
+    """Builds the library in `folder` unless a finished build of these sources is there, and loads it.
 
-    torch's builder marks a build with a plain `lock` file; a build killed midway (the app closed on a
-    first start) leaves it behind, and every later start would wait for it forever. An OS file lock
-    dies with its process, so a `lock` file found while holding it is stale and goes."""
-    from filelock import FileLock
+    One process builds at a time, under an OS file lock that dies with its holder. A process that
+    finds the lock taken says so at once (WAITING) and waits; it then loads what the other built, or
+    builds itself if the other was killed. torch's builder marks a build with a plain `lock` file of
+    its own, which a killed build leaves behind and every later start would wait on forever: one found
+    while holding the OS lock is stale and goes."""
+    from filelock import FileLock, Timeout
+
+    if not _finished(folder):
+        lock = FileLock(str(folder / LOCK_FILE))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            _say(progress, WAITING, 0)
+            lock.acquire()
+            _say(progress, WAITING, 1)
+        try:
+            if not _finished(folder):
+                _build_locked(folder, progress)
+                return
+        finally:
+            lock.release()
+    torch.ops.load_library(str(folder / library_file_name()))
+
+
+def _build_locked(folder: Path, progress) -> None:
     from torch.utils import cpp_extension
 
-    with FileLock(str(folder / "build.flock")):
-        (folder / "lock").unlink(missing_ok=True)
-        cpp_extension.load(
-            name=LIBRARY,
-            sources=[str(source) for source in SOURCES],
-            extra_cflags=["-O3", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(folder),
-            is_python_module=False,
-            verbose=False,
-        )
+    (folder / "lock").unlink(missing_ok=True)
+    (folder / BUILT_FILE).unlink(missing_ok=True)
+    _say(progress, BUILDING, 0)
+    cpp_extension.load(
+        name=LIBRARY,
+        sources=[str(source) for source in source_files() if source.suffix == ".cpp"],
+        extra_cflags=list(CFLAGS),  # copies: torch's builder appends to the lists it is given
+        extra_ldflags=list(LDFLAGS),
+        build_directory=str(folder),
+        is_python_module=False,
+        verbose=False,
+    )
+    (folder / BUILT_FILE).write_text(build_key())
+    _say(progress, BUILDING, 1)
+
+
+def _finished(folder: Path) -> bool:
+    """Whether a build of these very sources completed in `folder` (a killed one leaves no mark)."""
+    try:
+        return (folder / BUILT_FILE).read_text() == build_key() and (folder / library_file_name()).is_file()
+    except OSError:
+        return False
+
+
+def _say(progress, stage: str, done: int) -> None:
+    if progress is not None:
+        progress(stage, done, 1)
+    elif done == 0:
+        print(f"{stage}…", file=sys.stderr, flush=True)
 
 
 def prebuilt_library() -> Path:
@@ -110,21 +195,3 @@ def load_prebuilt(library: Path) -> str | None:
 def first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return f"{exc.__class__.__name__}: {text.splitlines()[0][:160] if text else ''}"
-
-
-BUILDING = "Building Tandem's CPU kernels for this machine (once)"
-
-
-def build(progress=None) -> str | None:
-    """build_error(), telling `progress` while a first build runs (tens of seconds)."""
-    first = (
-        build_error.cache_info().currsize == 0
-        and not getattr(sys, "frozen", False)
-        and not any(build_folder().glob(f"{LIBRARY}*.so"))
-    )
-    if first and progress is not None:
-        progress(BUILDING, 0, 1)
-    error = build_error()
-    if first and progress is not None:
-        progress(BUILDING, 1, 1)
-    return error

@@ -28,6 +28,9 @@ from engine.models.loaded import LoadedModel, resolve_device, resolve_dtype
 from engine.paths import models_cache_dir
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# the files a tokenizer is read from: fast, SentencePiece, BPE, WordPiece; *.tiktoken besides
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model")  # fmt: skip
 
 
 # ---- sources ---------------------------------------------------------------------------------
@@ -155,6 +158,11 @@ def check_model_folder(folder: Path) -> list[Path]:
 def load_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES) and not any(folder.glob("*.tiktoken")):
+        raise ModelFormatError(
+            f"'{folder}' has no tokenizer (tokenizer.json or tokenizer.model): copy the tokenizer files "
+            "from where the model came from into that folder."
+        )
     return from_pretrained(AutoTokenizer, folder)
 
 

@@ -331,6 +331,11 @@ class RemoteEngine:
     def _http_error(self, response: httpx.Response) -> RemoteError:
         message, code = _error_message(response)
         status = response.status_code
+        if code in (
+            "host_not_allowed",
+            "origin_not_allowed",
+        ):  # a Tandem server's guard: the message says what to do
+            return RemoteRequestError(f"The server at {self.base_url} refused the request: {message}")
         if status in (401, 403):
             return ServerAuthError(
                 f"The server at {self.base_url} refused the request: {message} Check the API key."

@@ -7,6 +7,9 @@
 
 A stream is answered only once the engine has started on it, so an error it raises before the first
 token (a prompt past the context, a setting out of range) is a proper 400 rather than a broken stream.
+
+Who may call it is checked first (engine.server.guard: Host, Origin), then how the body is sent
+(engine.server.body: JSON, its size, depth and text), then what it asks (engine.server.schemas).
 """
 
 from __future__ import annotations
@@ -16,18 +19,21 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from engine.backend import ChatBackend
 from engine.errors import ContextOverflowError, SettingsError, TandemError
 from engine.events import Finished, RoundStats, TextPiece
 from engine.server import schemas
+from engine.server.body import read_json
+from engine.server.guard import RequestGuard
 from engine.server.metrics import ServerMetrics
 from engine.server.schemas import ApiError
 from engine.server.worker import EngineWorker, Job, ServerBusy
@@ -53,12 +59,27 @@ def create_app(
     max_queue: int = 4,
     defaults: SamplingSettings | None = None,
     context_length: int | None = None,
+    bound_host: str = "127.0.0.1",
+    allow_hosts: Iterable[str] = (),
+    cors_origins: Iterable[str] = (),
 ) -> FastAPI:
-    """An app serving `backend` as `model_name`. With `api_key`, every /v1 and /metrics call needs it."""
+    """An app serving `backend` as `model_name`. With `api_key`, every /v1 and /metrics call needs it;
+    without one, only requests for `bound_host`, localhost, a loopback address or one of `allow_hosts`
+    are served. Browser requests from another origin are refused unless `cors_origins` names it."""
     defaults = defaults or SamplingSettings()
     metrics = ServerMetrics()
     worker = EngineWorker(backend, max_queue, metrics)
     app = FastAPI(title="Tandem", docs_url=None, redoc_url=None, openapi_url=None)
+    cors_origins = list(cors_origins)
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"], allow_private_network=True,
+        )  # fmt: skip
+    app.add_middleware(
+        RequestGuard, metrics=metrics, cors_origins=cors_origins,
+        allowed_hosts=None if api_key else ["localhost", bound_host, *allow_hosts],
+    )  # fmt: skip
     app.state.worker = worker
     app.state.metrics = metrics
     app.router.add_event_handler("shutdown", worker.stop)
@@ -87,6 +108,14 @@ def create_app(
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         return JSONResponse(ApiError(400, str(error)).body(), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, error: Exception) -> JSONResponse:
+        """A bug: still an error object (the traceback goes to the log). Answered outside the guard,
+        so counted here."""
+        metrics.count_error(500)
+        body = ApiError(500, f"The server failed: {error.__class__.__name__}.", "server_error").body()
+        return JSONResponse(body, status_code=500)
+
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": model_name, "queue_depth": metrics.queue_depth}
@@ -107,14 +136,7 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         check_key(request)
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ApiError(
-                400, f"The request body is not valid JSON: {error}.", code="invalid_json"
-            ) from None
-        chat = schemas.parse_chat_request(body, model_name, defaults)
+        chat = schemas.parse_chat_request(await read_json(request), model_name, defaults)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -237,8 +259,8 @@ async def _sse(
 def _as_api_error(error: BaseException) -> ApiError:
     if isinstance(error, ApiError):
         return error
-    if isinstance(error, ContextOverflowError):
-        return ApiError(400, str(error), param="messages", code="context_length_exceeded")
+    if isinstance(error, ContextOverflowError):  # the facts: the app's advice is not an API client's
+        return ApiError(400, error.facts, param="messages", code="context_length_exceeded")
     if isinstance(error, SettingsError):
         return ApiError(400, str(error))
     if isinstance(error, TandemError):

@@ -3,6 +3,12 @@
 The speculative counters carry vLLM's names (`<prefix>:spec_decode_num_drafts_total`, ...,
 `..._num_accepted_tokens_per_pos_total{position="i"}`) with Tandem's prefix, so a dashboard built for
 vLLM reads them unchanged once the prefix is swapped (engine.remote.metrics_page reads either page).
+
+`request_total{outcome}` counts the chat requests the engine took (completed, cancelled, error) or
+turned away for a full queue (busy); `request_errors_total{code}` counts every answer sent with an
+error status, by HTTP code, on any route: a bad request (400), a missing key (401), a refused host or
+origin (403), a non-JSON body (415), a full queue (503). An error inside a stream already started is
+sent with status 200, so only `request_total{outcome="error"}` counts it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ def quantile(values: list[float], q: float) -> float | None:
 @dataclass
 class ServerMetrics:
     requests: dict[str, int] = field(default_factory=dict)  # outcome -> count
+    # HTTP status -> answers with it, every route and refusal included (4xx and 5xx)
+    errors: dict[int, int] = field(default_factory=dict)
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_drafts: int = 0  # speculative rounds that drafted at least one token
@@ -45,6 +53,10 @@ class ServerMetrics:
     def count_request(self, outcome: str) -> None:
         with self._lock:
             self.requests[outcome] = self.requests.get(outcome, 0) + 1
+
+    def count_error(self, status: int) -> None:
+        with self._lock:
+            self.errors[status] = self.errors.get(status, 0) + 1
 
     def add_generation(self, stats: GenerationStats) -> None:
         with self._lock:
@@ -83,6 +95,10 @@ class ServerMetrics:
                 counter(
                     "request", "Chat completion requests by outcome.",
                     [({"outcome": o}, n) for o, n in sorted(self.requests.items())],
+                ),
+                counter(
+                    "request_errors", "Requests answered with an error status (4xx, 5xx), by HTTP code.",
+                    [({"code": str(c)}, n) for c, n in sorted(self.errors.items())],
                 ),
                 counter("prompt_tokens", "Prompt tokens read.", [({}, self.prompt_tokens)]),
                 counter("generation_tokens", "Tokens generated.", [({}, self.generation_tokens)]),

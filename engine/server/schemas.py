@@ -2,13 +2,16 @@
 
 Each reply carries llama.cpp's `timings` object (same names, same units) and Tandem's own `tandem`
 object (GenerationStats.to_dict()), so a client can show the speculative stats of either server.
+
+`seed` is a signed 64-bit integer (engine.settings.SEED_MIN..SEED_MAX); a wider one is refused with
+400, never reduced onto another seed, so a seed the server takes always means itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.settings import SamplingSettings
+from engine.settings import SEED_MAX, SEED_MIN, SamplingSettings
 from engine.stats import GenerationStats
 
 # OpenAI finish reasons for Tandem's (a cancelled request has no client left to tell)
@@ -101,7 +104,7 @@ def parse_chat_request(body, model_name: str, defaults: SamplingSettings) -> Cha
         max_new_tokens=defaults.max_new_tokens
         if max_tokens is None
         else _checked_int("max_tokens", max_tokens, 1),
-        seed=defaults.seed if seed is None else _checked_int("seed", seed, -(2**63)),
+        seed=defaults.seed if seed is None else _checked_int("seed", seed, SEED_MIN, SEED_MAX),
         stop=_stop_strings(body.get("stop")),
     )
     return ChatRequest(model, messages, stream, bool(options.get("include_usage")), sampling)
@@ -132,7 +135,13 @@ def _messages(value) -> list[dict]:
                 raise ApiError(
                     400, f"messages[{i}]: only text content is supported.", param=f"messages[{i}].content"
                 )
-            content = "".join(str(p.get("text", "")) for p in content)
+            if not all(isinstance(p.get("text", ""), str) for p in content):
+                raise ApiError(
+                    400,
+                    f"messages[{i}]: a text part's 'text' must be a string.",
+                    param=f"messages[{i}].content",
+                )
+            content = "".join(p.get("text", "") for p in content)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}] needs text content.", param=f"messages[{i}].content")
         messages.append({"role": message["role"], "content": content})
@@ -150,9 +159,14 @@ def _typed(body: dict, name: str, kind: type, default):
     return value
 
 
-def _checked_int(name: str, value, minimum: int) -> int:
+def _checked_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ApiError(400, f"'{name}' must be an integer of at least {minimum}.", param=name)
+        what = f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
+        raise ApiError(400, f"'{name}' must be an integer {what}.", param=name)
+    if maximum is not None and value > maximum:
+        raise ApiError(
+            400, f"'{name}' must be an integer from {minimum} to {maximum}, not {value}.", param=name
+        )
     return value
 
 

@@ -99,8 +99,19 @@ def import_data(store: Store, data: dict) -> list[int]:
             f"This export has format version {data.get('version')!r}; this Tandem reads up to "
             f"{FORMAT_VERSION}. Update Tandem to import it."
         )
+    conversations = data.get("conversations", [])
+    if not isinstance(conversations, list):
+        raise ImportFormatError("Its 'conversations' should be a list of conversations.")
+    ids = []
     with store.transaction():
-        return [store.insert_snapshot(snapshot) for snapshot in data.get("conversations", [])]
+        for number, snapshot in enumerate(conversations, 1):
+            try:
+                ids.append(store.insert_snapshot(snapshot))
+            except ImportFormatError as exc:
+                raise ImportFormatError(
+                    f"Conversation {number} of {len(conversations)} is damaged. {exc}"
+                ) from None
+    return ids
 
 
 def import_json(store: Store, path: str | os.PathLike) -> list[int]:
@@ -109,9 +120,16 @@ def import_json(store: Store, path: str | os.PathLike) -> list[int]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise StorageError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, an integer past 4300 digits
         raise ImportFormatError(f"{path} is not a Tandem conversation export ({exc}).") from exc
-    return import_data(store, data)
+    except RecursionError:
+        raise ImportFormatError(
+            f"{path} is not a Tandem conversation export (it nests too deeply)."
+        ) from None
+    try:
+        return import_data(store, data)
+    except ImportFormatError as exc:
+        raise ImportFormatError(f"{path}: {exc}") from None
 
 
 # --- Markdown --------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ The unit of export, import and duplicate. Store.snapshot and Store.insert_snapsh
 
 from __future__ import annotations
 
-from engine.errors import ImportFormatError
+from collections import Counter
+
+from engine.errors import ImportFormatError, InvalidTextError
 from engine.store.records import ROLES, STATUSES, check_text, dumps, message_from_row
 
 
@@ -41,31 +43,73 @@ def take_snapshot(store, conversation_id: int) -> dict:
     }
 
 
-def _validated(snapshot: dict) -> tuple[dict, list[dict]]:
-    try:
-        conversation = dict(snapshot["conversation"])
-        for key in ("id", "title", "created", "updated", "target_model", "system_prompt"):
-            if not isinstance(conversation[key], int if key == "id" else str):
-                raise ValueError(f"conversation {key} has the wrong type")
-        if not isinstance(conversation["draft_settings"], dict):
-            raise ValueError("draft_settings is not an object")
-        messages = sorted(snapshot["messages"], key=lambda m: m["id"])
-        for m in messages:
-            if m["role"] not in ROLES or m["status"] not in STATUSES:
-                raise ValueError(f"message {m['id']}: unknown role or status")
-            if not (isinstance(m["content"], str) and isinstance(m["created"], str)):
-                raise ValueError(f"message {m['id']}: content and created must be text")
-            check_text(m["content"], f"Message {m['id']}")
-            missing = {"parent_id", "token_count", "stats", "selected"} - m.keys()
-            if missing:
-                raise ValueError(f"message {m['id']}: missing {sorted(missing)}")
-        ids = [m["id"] for m in messages]
-        if len(set(ids)) != len(ids) or any(
-            m["parent_id"] is not None and m["parent_id"] not in ids for m in messages
-        ):
-            raise ValueError("message ids repeat or a parent is missing")
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ImportFormatError(f"Not a Tandem conversation: {exc!r}") from exc
+# the fields of a snapshot, each with the JSON types it may have (None: null)
+CONVERSATION_FIELDS = {
+    "id": int, "title": str, "created": str, "updated": str, "target_model": str, "system_prompt": str,
+    "draft_settings": dict,
+}  # fmt: skip
+MESSAGE_FIELDS = {
+    "id": int, "parent_id": (int, None), "role": str, "content": str, "created": str, "status": str,
+    "token_count": (int, None), "stats": (dict, None), "selected": int,
+}  # fmt: skip
+STORED_AS_JSON = ("draft_settings", "stats")
+KIND_NAMES = {int: "a whole number", str: "text", dict: "an object", list: "a list", None: "null"}
+
+
+def _kind(value) -> str:
+    for kind, name in KIND_NAMES.items():
+        if (value is None) if kind is None else isinstance(value, kind):
+            return name
+    return "a number" if isinstance(value, float) else type(value).__name__
+
+
+def _fields(record, fields: dict, where: str) -> None:
+    """ImportFormatError, in words, unless `record` is an object with each of `fields` of its kind."""
+    if not isinstance(record, dict):
+        raise ImportFormatError(f"{where} should be an object, not {_kind(record)}.")
+    for key, kinds in fields.items():
+        if key not in record:
+            raise ImportFormatError(f"{where} has no '{key}'.")
+        allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+        if _kind(record[key]) not in (KIND_NAMES[kind] for kind in allowed):
+            wanted = " or ".join(KIND_NAMES[kind] for kind in allowed)
+            raise ImportFormatError(f"{where}: '{key}' should be {wanted}, not {_kind(record[key])}.")
+        value = record[key]
+        if not isinstance(value, str) and key not in STORED_AS_JSON:
+            continue
+        try:  # text SQLite can hold, also inside the objects stored as JSON
+            check_text(value if isinstance(value, str) else dumps(value), f"{where}: '{key}'")
+        except InvalidTextError as exc:
+            raise ImportFormatError(str(exc)) from None
+        except RecursionError:
+            raise ImportFormatError(f"{where}: '{key}' nests too deeply.") from None
+
+
+def _validated(snapshot) -> tuple[dict, list[dict]]:
+    """The snapshot's conversation and its messages by id; ImportFormatError saying what is wrong."""
+    _fields(snapshot, {"conversation": dict, "messages": list}, "Its entry")
+    conversation = snapshot["conversation"]
+    _fields(conversation, CONVERSATION_FIELDS, "Its 'conversation' part")
+    for i, message in enumerate(snapshot["messages"]):
+        _fields(message, {"id": int}, f"Message {i + 1} of {len(snapshot['messages'])}")
+    messages = sorted(snapshot["messages"], key=lambda m: m["id"])
+    ids = [m["id"] for m in messages]
+    for m in messages:
+        where = f"Message {m['id']}"
+        _fields(m, MESSAGE_FIELDS, where)
+        if m["role"] not in ROLES:
+            raise ImportFormatError(
+                f"{where} has the role '{m['role']}'; it should be one of {', '.join(ROLES)}."
+            )
+        if m["status"] not in STATUSES:
+            raise ImportFormatError(
+                f"{where} has the status '{m['status']}'; it should be one of {', '.join(STATUSES)}."
+            )
+        if m["parent_id"] is not None and m["parent_id"] not in ids:
+            raise ImportFormatError(f"{where} answers message {m['parent_id']}, which is not in the file.")
+    repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if repeated:
+        raise ImportFormatError(f"Message id {repeated[0]} appears more than once.")
     return conversation, messages
 
 

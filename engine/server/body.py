@@ -1,0 +1,124 @@
+"""Reading a request body: JSON only, bounded in size and nesting, with text that is valid Unicode.
+
+Each limit is checked before the next step can fail on it, so a client's mistake is a 4xx error
+object, never a 500:
+  - the Content-Type must be application/json (415): a web page can send `text/plain` to the loopback
+    without asking first (a CORS "simple request"), but not JSON;
+  - at most MAX_BODY_BYTES, counted while reading, also without a Content-Length (413);
+  - at most MAX_DEPTH levels of arrays and objects, measured before parsing: Python's parser recurses
+    once per level, and a body nested 100,000 deep would end in a RecursionError (400);
+  - JSON escapes can spell a lone surrogate ("\\ud800"), which no tokenizer or database takes (400).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from fastapi import Request
+
+from engine.server.schemas import ApiError
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_DEPTH = 64
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # the unrolled form: linear, and fast
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+async def read_json(request: Request):
+    """The request's JSON body, decoded and checked; ApiError for a client's mistake."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        shown = f"'{media_type}'" if media_type else "none"
+        raise ApiError(
+            415, f"Send the body as JSON, with the header Content-Type: application/json (it was {shown}).",
+            code="unsupported_media_type",
+        )  # fmt: skip
+    raw = await _read_bounded(request)
+    if nesting_exceeds(raw, MAX_DEPTH):
+        raise ApiError(
+            400, f"The request body nests arrays or objects more than {MAX_DEPTH} levels deep.",
+            code="invalid_json",
+        )  # fmt: skip
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ApiError(400, f"The request body is not valid JSON: {error}.", code="invalid_json") from None
+    except ValueError:  # Python reads integers of at most 4300 digits
+        raise ApiError(
+            400, "The request body holds a number too long to read.", code="invalid_json"
+        ) from None
+    found = invalid_text_at(body)
+    if found is not None:
+        path, is_key, char, position = found
+        where = f"'{path}'" if path else "the request body"
+        where = f"A key in {where}" if is_key else where[0].upper() + where[1:]
+        raise ApiError(
+            400, f"{where} is not valid Unicode text: it holds a lone surrogate (U+{char:04X} at position "
+            f"{position}), an escape such as \\ud800 without its pair. Send UTF-8 text.",
+            param=path or None, code="invalid_text",
+        )  # fmt: skip
+    return body
+
+
+async def _read_bounded(request: Request) -> bytes:
+    too_large = ApiError(
+        413,
+        f"The request body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB.",
+        code="request_too_large",
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def nesting_exceeds(raw: bytes, limit: int) -> bool:
+    """Whether arrays and objects nest deeper than `limit` (brackets inside strings do not count)."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    depth = 0
+    for bracket in _BRACKETS.findall(_STRINGS.sub(b'""', raw)):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > limit:
+            return True
+    return False
+
+
+def invalid_text_at(value) -> tuple[str, bool, int, int] | None:
+    """The first string of a decoded body that is not valid Unicode: where it is (`messages[0].content`,
+    or for a key the path of its object), whether it is a key, the offending code point and its
+    position; None when every string is valid. Iterative, so a deep body costs no recursion."""
+    pending = [("", value)]
+    while pending:
+        path, item = pending.pop()
+        children = []
+        if isinstance(item, str):
+            if (bad := _lone_surrogate(item)) is not None:
+                return path, False, *bad
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if (bad := _lone_surrogate(key)) is not None:
+                    return path, True, *bad
+                children.append((f"{path}.{key}" if path else key, child))
+        elif isinstance(item, list):
+            children = [(f"{path}[{i}]", child) for i, child in enumerate(item)]
+        pending.extend(reversed(children))
+    return None
+
+
+def _lone_surrogate(text: str) -> tuple[int, int] | None:
+    """(code point, position) of the first character UTF-8 cannot encode, or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return ord(text[error.start]), error.start
+    return None

@@ -50,21 +50,34 @@ def test_it_is_the_fp32_conversions_model_up_to_activation_rounding(native_built
     assert not torch.equal(a, b)  # it is not the float model: its own rounding, its own output
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "suffix", "head", "auto"])
-def test_greedy_output_with_drafting_is_the_native_targets_own(native_builtin, drafter):
+@pytest.fixture(scope="module")
+def native_engine(native_builtin):
     from engine.session import ChatEngine
 
     engine = ChatEngine(native_builtin, None, compiled="off")
     engine.sampling = SamplingSettings(max_new_tokens=48)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def alone(native_engine):
+    """The native target's own greedy replies to PROMPTS, without drafting."""
+    native_engine.speculation = SpeculationSettings(drafter="none")
+    replies = []
     for prompt in PROMPTS:
-        messages = [{"role": "user", "content": prompt}]
-        engine.speculation = SpeculationSettings(drafter="none")
-        engine.reset()
-        alone = engine.respond(messages).token_ids
-        engine.speculation = SpeculationSettings(drafter=drafter)
-        engine.reset()
-        drafted = engine.respond(messages)
-        assert list(drafted.token_ids) == list(alone)
+        native_engine.reset()
+        replies.append(list(native_engine.respond([{"role": "user", "content": prompt}]).token_ids))
+    return replies
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "head", "auto"])
+def test_greedy_output_with_drafting_is_the_native_targets_own(native_engine, alone, drafter):
+    native_engine.speculation = SpeculationSettings(drafter=drafter)
+    for prompt, own in zip(PROMPTS, alone, strict=True):
+        native_engine.reset()
+        native_engine.forget_history()
+        drafted = native_engine.respond([{"role": "user", "content": prompt}])
+        assert list(drafted.token_ids) == own
         if drafter != "head":  # lookup finds the prompt's words; the head may keep none here
             assert drafted.stats.drafted > 0
 

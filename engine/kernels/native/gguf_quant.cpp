@@ -481,14 +481,21 @@ __attribute__((target(GGUF_AVX512))) inline void k_header(const uint8_t* blk, KS
     _mm512_store_ps(h.s, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc))));
     return;
   }
-  const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
-  const float dmin = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2));
-  for (int s = 0; s < 8; ++s) {
-    int sc, mn;
-    k_scale_min(blk + 4, s, sc, mn);
-    h.s[s] = d * sc;
-    offsets[s] = -(dmin * mn);
-  }
+  // the eight 6-bit scales and mins (k_scale_min) four at a time, as bytes of 32-bit words
+  uint32_t word[3];
+  std::memcpy(word, blk + 4, 12);
+  const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x30303030;
+  const uint32_t scales_lo = word[0] & low6, mins_lo = word[1] & low6;
+  const uint32_t scales_hi = (word[2] & low4) | ((word[0] >> 2) & top2);
+  const uint32_t mins_hi = ((word[2] >> 4) & low4) | ((word[1] >> 2) & top2);
+  const __m128i packed = _mm_set_epi32(static_cast<int>(mins_hi), static_cast<int>(mins_lo),
+                                       static_cast<int>(scales_hi), static_cast<int>(scales_lo));
+  const __m256 scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed));
+  const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)));
+  const __m256 d = _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk)));
+  const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2)));
+  _mm256_store_ps(h.s, _mm256_mul_ps(d, scales));
+  if (offsets) _mm256_storeu_ps(offsets, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, mins)));
 }
 
 // Step pp (0..3) of a 256-value block: values 64 pp .. 64 pp + 63.

@@ -61,6 +61,33 @@ TIPS = {
 }
 
 
+class _WheelOnlyWithFocus:
+    """A combo or spin box that takes the mouse wheel only once it has the focus (a click or Tab): an
+    unfocused one passes the wheel on, so the form under the pointer scrolls and no value changes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # not WheelFocus: the wheel gives no focus
+
+    def wheelEvent(self, event):  # noqa: N802
+        if not self.hasFocus():
+            event.ignore()
+            return
+        super().wheelEvent(event)
+
+
+class ComboBox(_WheelOnlyWithFocus, QtWidgets.QComboBox):
+    pass
+
+
+class SpinBox(_WheelOnlyWithFocus, QtWidgets.QSpinBox):
+    pass
+
+
+class DoubleSpinBox(_WheelOnlyWithFocus, QtWidgets.QDoubleSpinBox):
+    pass
+
+
 class ModelPicker(QtWidgets.QWidget):
     """An editable list of model specs with buttons to pick a local folder or a GGUF file."""
 
@@ -68,7 +95,7 @@ class ModelPicker(QtWidgets.QWidget):
 
     def __init__(self, specs: list[str], parent: QtWidgets.QWidget | None = None):
         super().__init__(parent)
-        self.combo = QtWidgets.QComboBox()
+        self.combo = ComboBox()
         self.combo.setEditable(True)
         self.combo.setInsertPolicy(QtWidgets.QComboBox.InsertPolicy.NoInsert)
         self.combo.setSizeAdjustPolicy(
@@ -285,7 +312,7 @@ def scrolled(form: QtWidgets.QFormLayout) -> QtWidgets.QScrollArea:
 
 
 def choices(options: dict[str, str]) -> QtWidgets.QComboBox:
-    combo = QtWidgets.QComboBox()
+    combo = ComboBox()
     set_choices(combo, options)
     return combo
 
@@ -307,13 +334,13 @@ def select(combo: QtWidgets.QComboBox, value: str) -> None:
 
 
 def spin(low: int, high: int) -> QtWidgets.QSpinBox:
-    box = QtWidgets.QSpinBox()
+    box = SpinBox()
     box.setRange(low, high)
     return box
 
 
 def double_spin(low: float, high: float, step: float) -> QtWidgets.QDoubleSpinBox:
-    box = QtWidgets.QDoubleSpinBox()
+    box = DoubleSpinBox()
     box.setRange(low, high)
     box.setSingleStep(step)
     box.setDecimals(2)

@@ -58,6 +58,8 @@ TIPS = {
     "seed": "The same seed, prompt and settings give the same reply (random = a new one each time).",
     "stop": "The reply ends when it produces any of these strings, one per line; the string is not shown.",
     "system_prompt": "Sent before every new conversation; each conversation can override it.",
+    "auto_titles": "After a conversation's first reply, the model writes a short title for it (a few "
+    "tokens; a message you send meanwhile goes first). Off: the first message is the title.",
 }
 
 
@@ -207,6 +209,7 @@ class SettingsWidgets:
         self.stop_edit.setMaximumHeight(60)
         self.system_prompt_edit = QtWidgets.QPlainTextEdit()
         self.system_prompt_edit.setMaximumHeight(80)
+        self.titles_box = QtWidgets.QCheckBox("Let the model title new conversations")
         self._set_tooltips()
 
     def _set_tooltips(self) -> None:
@@ -222,6 +225,7 @@ class SettingsWidgets:
             (self.p_min_spin, "p_min"), (self.trees_box, "trees"), (self.temperature_spin, "temperature"), (self.top_p_spin, "top_p"),
             (self.top_k_spin, "top_k"), (self.max_new_tokens_spin, "max_new_tokens"),
             (self.seed_spin, "seed"), (self.stop_edit, "stop"), (self.system_prompt_edit, "system_prompt"),
+            (self.titles_box, "auto_titles"),
         ):  # fmt: skip
             widget.setToolTip(TIPS[tip])
 
@@ -286,6 +290,7 @@ class SettingsWidgets:
         form.addRow("Seed:", self.seed_spin)
         form.addRow("Stop strings:", self.stop_edit)
         form.addRow("Default system prompt:", self.system_prompt_edit)
+        form.addRow("", self.titles_box)
         return form
 
 

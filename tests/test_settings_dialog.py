@@ -304,7 +304,7 @@ def test_the_target_precision_is_a_choice_that_reaches_the_load_request(qtbot, o
     config = dialog.config()
     assert config.target_precision == "int8"
     assert LoadRequest.from_config(config).target_precision == "int8"
-    assert AppConfig(drafter="ngram").models_changed(config)  # a new precision reloads the target
+    assert config.needs_load(AppConfig(drafter="ngram"))  # a new precision reloads the target
     qtbot.waitUntil(lambda: "not identical" in dialog.precision_note.text(), timeout=PROBE_TIMEOUT_MS)
     dialog.precision_combo.setCurrentIndex(dialog.precision_combo.findData("default"))
     assert dialog.precision_note.text() == ""

@@ -1,0 +1,54 @@
+"""Conversation titles: the first message cut to a line at once, then a title the model writes from the
+first exchange (as LM Studio, Jan and GPT4All name chats), where the user has not renamed it meanwhile.
+
+The model is asked on the engine thread (EngineWorker.name_conversation) with the conversation as it
+is plus one instruction, so the engine's cache of the conversation is reused and the title costs a short
+prefill and a few tokens. Pure functions here, no Qt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+TITLE_LENGTH = 48
+TITLE_TOKENS = 16
+TITLE_INSTRUCTION = (
+    "Write a title for this conversation in at most six words. Answer with the title alone, "
+    "without quotes or a full stop."
+)
+_PREFIXES = ("title:", "conversation title:", "topic:")
+
+
+def first_message_title(text: str) -> str:
+    """A new conversation's title: its first message on one line, cut at a word with an ellipsis."""
+    line = " ".join(text.split())
+    if len(line) <= TITLE_LENGTH:
+        return line
+    cut = line[: TITLE_LENGTH - 1]
+    if " " in cut[TITLE_LENGTH // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,.;:") + "…"
+
+
+def title_messages(history: list[dict]) -> list[dict]:
+    """The conversation so far, then the request for a title."""
+    return [*history, {"role": "user", "content": TITLE_INSTRUCTION}]
+
+
+def title_sampling(sampling):
+    """Greedy and short: a title repeats, and costs a few tokens."""
+    return dataclasses.replace(
+        sampling, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=TITLE_TOKENS, seed=None, stop=("\n",)
+    )
+
+
+def clean_title(text: str) -> str:
+    """The model's answer as a title: its first line, without a "Title:" label, quotes, Markdown or a
+    full stop, cut like a first message; '' when nothing usable is left."""
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    if line.lower().startswith(_PREFIXES):
+        line = line.split(":", 1)[1].strip()
+    line = line.strip("*#_`\"'“”‘’ ").rstrip(".!:;,").strip()
+    if not any(char.isalnum() for char in line):
+        return ""
+    return first_message_title(line)

@@ -126,6 +126,7 @@ class EngineWorker(QObject):
     finished = Signal(object)  # Finished
     failed = Signal(str, str)  # message for the user, details
     titled = Signal(int, str)  # conversation id, the title the model wrote
+    settings_applied = Signal()  # the engine reads the new settings from its next reply on
 
     def __init__(self):
         super().__init__()
@@ -143,6 +144,7 @@ class EngineWorker(QObject):
         if self._engine is not None:
             self._engine.speculation = speculation
             self._engine.sampling = sampling
+            self.settings_applied.emit()
 
     @Slot(object, object)
     def respond(self, messages: list[dict], cancel: threading.Event) -> None:

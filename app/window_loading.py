@@ -9,10 +9,11 @@ its next reply at once; only another target, backend or draft model loads anythi
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from app.bridge import EngineInfo, LoadRequest
 from app.config import AppConfig
-from app.load_progress import LoadProgress
+from app.load_progress import LoadProgress, StageClock
 from app.qt import QObject, Qt, QtWidgets, Signal, Slot
 
 
@@ -30,6 +31,7 @@ class LoadingController(QObject):
         self.serving: AppConfig | None = None  # the config whose models answer
         self.wanted: AppConfig | None = None  # the config of the load under way, or of the last one
         self.progress = LoadProgress(window)
+        self._optimize_clock = StageClock()
         self.progress.cancel_requested.connect(self.cancel)
         self.bridge.load_progress.connect(self._on_progress)
         self.bridge.load_failed.connect(self._on_load_failed)
@@ -145,9 +147,10 @@ class LoadingController(QObject):
 
     @Slot(str, int, int)
     def _on_optimizing(self, stage: str, done: int, total: int) -> None:
-        """The engine's background optimization (ChatEngine.optimize_in_background)."""
-        text = stage[:1].upper() + stage[1:]
-        self.window.optimize_label.setText(f"{text}… {done}/{total}" if total > 0 else f"{text}…")
+        """The engine's background optimization (ChatEngine.optimize_in_background), with its counts
+        and the time left where they allow an estimate."""
+        self._optimize_clock.update(stage[:1].upper() + stage[1:], done, total, time.monotonic())
+        self.window.optimize_label.setText(self._optimize_clock.text(time.monotonic()))
 
     @Slot(str)
     def _on_optimized(self, message: str) -> None:

@@ -13,7 +13,6 @@ import html
 from app.qt import QtWidgets, Signal, Slot
 from app.settings_pages import ComboBox
 
-NO_REPLY_YET = "no reply yet"
 CONTEXT_TIP = (
     "Tokens of this conversation the model read and wrote at its last reply, of the {limit} it can "
     "hold at once (its context). The engine counts them; a longer conversation must be shortened."
@@ -60,7 +59,7 @@ class ChatHeader(QtWidgets.QWidget):
         self.context_label = QtWidgets.QLabel(self)
         layout.addWidget(self.context_label)
         self.side_button = QtWidgets.QToolButton(self)
-        self.side_button.setText("Stats & sampling")
+        self.side_button.setText("Stats and sampling")
         self.side_button.setCheckable(True)
         self.side_button.setChecked(True)
         self.side_button.setToolTip(
@@ -121,7 +120,7 @@ class ChatHeader(QtWidgets.QWidget):
 
     def _show_context(self) -> None:
         limit, used = self.limit, self.used
-        used_text = NO_REPLY_YET if used is None else f"{used:,}"
+        used_text = "—" if used is None else f"{used:,}"  # — : counted at the conversation's next reply
         self.context_label.setText(f"{used_text} / {limit:,} tokens" if limit else f"{used_text} tokens")
         self.context_bar.setVisible(bool(limit))
         self.context_bar.setMaximum(limit or 1)

@@ -48,12 +48,19 @@ class SamplingPanel(QtWidgets.QWidget):
         self.error_label = note_label()
         self.error_label.setStyleSheet("color: #c0392b")
         tips = {
-            self.drafter_combo: "drafter", self.adaptive_box: "adaptive", self.k_spin: "k",
-            self.trees_box: "trees", self.temperature_spin: "temperature", self.top_p_spin: "top_p",
-            self.top_k_spin: "top_k", self.max_new_tokens_spin: "max_new_tokens", self.seed_spin: "seed",
-        }  # fmt: skip
+            self.drafter_combo: "drafter",
+            self.adaptive_box: "adaptive",
+            self.k_spin: "k",
+            self.trees_box: "trees",
+            self.temperature_spin: "temperature",
+            self.top_p_spin: "top_p",
+            self.top_k_spin: "top_k",
+            self.max_new_tokens_spin: "max_new_tokens",
+            self.seed_spin: "seed",
+        }
         for widget, key in tips.items():
             widget.setToolTip(TIPS[key])
+        self._inputs = tuple(tips)
 
         form = form_layout()
         form.addRow("Drafter:", self.drafter_combo)
@@ -71,19 +78,16 @@ class SamplingPanel(QtWidgets.QWidget):
         layout.addWidget(self.error_label)
         layout.addStretch(1)
         self.show_config(config)
-        for signal in (
-            self.drafter_combo.currentIndexChanged, self.adaptive_box.toggled, self.k_spin.valueChanged,
-            self.trees_box.toggled, self.temperature_spin.valueChanged, self.top_p_spin.valueChanged,
-            self.top_k_spin.valueChanged, self.max_new_tokens_spin.valueChanged, self.seed_spin.valueChanged,
-        ):  # fmt: skip
-            signal.connect(self._on_edited)
+        for widget in self._inputs:
+            changed = {"QCheckBox": "toggled", "ComboBox": "currentIndexChanged"}.get(
+                type(widget).__name__, "valueChanged"
+            )
+            getattr(widget, changed).connect(self._on_edited)
 
     def show_config(self, config: AppConfig) -> None:
         """Show config without announcing it (it comes from the window, which has it already)."""
         self._config = config
-        widgets = (self.drafter_combo, self.adaptive_box, self.k_spin, self.trees_box, self.temperature_spin,
-                   self.top_p_spin, self.top_k_spin, self.max_new_tokens_spin, self.seed_spin)  # fmt: skip
-        for widget in widgets:
+        for widget in self._inputs:
             widget.blockSignals(True)
         select(self.drafter_combo, config.drafter)
         self.adaptive_box.setChecked(config.k_mode == "adaptive")
@@ -94,7 +98,7 @@ class SamplingPanel(QtWidgets.QWidget):
         self.top_k_spin.setValue(config.top_k)
         self.max_new_tokens_spin.setValue(config.max_new_tokens)
         self.seed_spin.setValue(-1 if config.seed is None else config.seed)
-        for widget in widgets:
+        for widget in self._inputs:
             widget.blockSignals(False)
         self.k_spin.setEnabled(config.k_mode == "fixed")
         self.error_label.setText("")

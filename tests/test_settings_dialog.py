@@ -349,10 +349,15 @@ def wheel(widget, steps: int = -1) -> None:
 
     centre = QtCore.QPointF(widget.rect().center())
     event = QtGui.QWheelEvent(
-        centre, QtCore.QPointF(widget.mapToGlobal(centre.toPoint())), QtCore.QPoint(0, 0),
-        QtCore.QPoint(0, 120 * steps), QtCore.Qt.MouseButton.NoButton, QtCore.Qt.KeyboardModifier.NoModifier,
-        QtCore.Qt.ScrollPhase.NoScrollPhase, False,
-    )  # fmt: skip
+        centre,
+        QtCore.QPointF(widget.mapToGlobal(centre.toPoint())),
+        QtCore.QPoint(0, 0),
+        QtCore.QPoint(0, 120 * steps),
+        QtCore.Qt.MouseButton.NoButton,
+        QtCore.Qt.KeyboardModifier.NoModifier,
+        QtCore.Qt.ScrollPhase.NoScrollPhase,
+        False,
+    )
     QtWidgets.QApplication.sendEvent(widget, event)
 
 

@@ -107,10 +107,15 @@ def test_counts_stop_at_the_replys_end_and_match_the_spans(make_tiny, end):
         spans: list = []
         drafter = ModelDrafter(ModelRunner(target.model), vocab, "self")  # the same model: all accepted
         finished = generate(
-            ModelRunner(target.model), drafter, prompt_ids, SamplingSettings(max_new_tokens=24, stop=stop),
-            SpeculationSettings(k=4), eos if eos is not None else target.eos_token_ids, target.tokenizer,
+            ModelRunner(target.model),
+            drafter,
+            prompt_ids,
+            SamplingSettings(max_new_tokens=24, stop=stop),
+            SpeculationSettings(k=4),
+            eos if eos is not None else target.eos_token_ids,
+            target.tokenizer,
             lambda event: spans.extend(event.spans) if isinstance(event, TextPiece) else None,
-        )  # fmt: skip
+        )
         return finished, spans
 
     full, _ = run()

@@ -606,8 +606,15 @@ def test_markdown_export_keeps_the_basis_of_the_speedup(store, tmp_path):
     from engine.stats import MIN_PLAIN_STEPS, GenerationStats
 
     cid = _chat(store)
-    common = dict(drafter="ngram", drafted=10, accepted=6, generated_tokens=40, total_time_s=3.0,
-                  prefill_time_s=1.0, target_step_time_s=0.1)  # fmt: skip
+    common = dict(
+        drafter="ngram",
+        drafted=10,
+        accepted=6,
+        generated_tokens=40,
+        total_time_s=3.0,
+        prefill_time_s=1.0,
+        target_step_time_s=0.1,
+    )
     estimate = GenerationStats(**common).to_dict()
     measured = GenerationStats(
         **common, plain_steps=MIN_PLAIN_STEPS, plain_step_time_s=MIN_PLAIN_STEPS * 0.08

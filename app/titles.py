@@ -9,14 +9,16 @@ prefill and a few tokens. Pure functions here, no Qt.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 TITLE_LENGTH = 48
-TITLE_TOKENS = 16
+TITLE_TOKENS = 24
 TITLE_INSTRUCTION = (
     "Write a title for this conversation in at most six words. Answer with the title alone, "
     "without quotes or a full stop."
 )
 _PREFIXES = ("title:", "conversation title:", "topic:")
+_PREAMBLE = re.compile(r"(here(’s|'s| is)|sure|certainly|okay|of course)\b", re.IGNORECASE)
 
 
 def first_message_title(text: str) -> str:
@@ -36,19 +38,23 @@ def title_messages(history: list[dict]) -> list[dict]:
 
 
 def title_sampling(sampling):
-    """Greedy and short: a title repeats, and costs a few tokens."""
+    """Greedy and short: a title repeats, and costs a few tokens (a small model may open with a line
+    such as "Here is a title:", so one line is not enough)."""
     return dataclasses.replace(
-        sampling, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=TITLE_TOKENS, seed=None, stop=("\n",)
+        sampling, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=TITLE_TOKENS, seed=None, stop=()
     )
 
 
 def clean_title(text: str) -> str:
-    """The model's answer as a title: its first line, without a "Title:" label, quotes, Markdown or a
-    full stop, cut like a first message; '' when nothing usable is left."""
-    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
-    if line.lower().startswith(_PREFIXES):
-        line = line.split(":", 1)[1].strip()
-    line = line.strip("*#_`\"'“”‘’ ").rstrip(".!:;,").strip()
-    if not any(char.isalnum() for char in line):
-        return ""
-    return first_message_title(line)
+    """The model's answer as a title: its first line that is not a preamble ("Here's a title:"),
+    without a "Title:" label, quotes, Markdown or a full stop, cut like a first message; '' when
+    nothing usable is left."""
+    for line in (part.strip() for part in text.splitlines()):
+        if line.lower().startswith(_PREFIXES):
+            line = line.split(":", 1)[1].strip()
+        if _PREAMBLE.match(line) or line.endswith(":"):
+            continue
+        line = line.strip("*#_`\"'“”‘’ ").rstrip(".!:;,").strip()
+        if any(char.isalnum() for char in line):
+            return first_message_title(line)
+    return ""

@@ -80,6 +80,10 @@ def build_layout(window) -> None:
     window.chat_view.edit_requested.connect(lambda message_id: window.editor.start(message_id))
     window.chat_view.branch_requested.connect(window.switch_branch)
     window.chat_view.stats_requested.connect(window.show_message_stats)
+    # a reply clicked for its figures brings the stats forward in the side panel
+    window.chat_view.stats_requested.connect(
+        lambda _message: window.side_panel.setCurrentWidget(window.stats_panel)
+    )
     window.chat_view.reply_in_view.connect(
         lambda message: window.show_message_stats(message, "The reply in view")
     )

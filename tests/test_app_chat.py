@@ -243,6 +243,8 @@ def test_a_conversation_is_titled_from_its_first_exchange(qtbot, store):
     "answer, title",
     [
         ('Title: "Pelican Nests"\nThe rest', "Pelican Nests"),
+        ('Here\'s a possible title:\n\n"Checking Primes in Python"', "Checking Primes in Python"),
+        ("Sure! Here is a title for it.\nPrime checks", "Prime checks"),
         ("**Speculative decoding explained.**", "Speculative decoding explained"),
         ("   \n...", ""),
     ],
@@ -298,6 +300,10 @@ def test_the_stats_panel_follows_the_reply_a_search_or_a_branch_switch_brings_in
     window.switch_branch(window.chat_view.widgets[-1].message.id, -1)  # back to the first version
     assert "of 8 drafted" in panel.value_text("acceptance")
     assert window.chat_view.widgets[-1].selected
+    # a reply clicked for its figures brings them forward, even from the Sampling tab
+    window.side_panel.setCurrentWidget(window.sampling_panel)
+    qtbot.mouseClick(window.chat_view.widgets[1].browser.viewport(), Qt.MouseButton.LeftButton)
+    assert window.side_panel.currentWidget() is panel and "of 4 drafted" in panel.value_text("acceptance")
 
 
 def test_the_side_panel_folds_away_and_stays_so(qtbot, store):

@@ -189,10 +189,12 @@ class EngineWorker(QObject):
         try:
             result = engine.respond(title_messages(history), on_event=lambda _event: None, cancel=cancel)
         except Exception:  # noqa: BLE001 - a title is a nicety: the first message's stays
-            return
+            result = None
         finally:
             engine.sampling = sampling
-        if isinstance(result, Finished) and result.reason != "cancelled":
+        if not isinstance(result, Finished):
+            self.titled.emit(conversation_id, "")  # no title: nothing to ask again
+        elif result.reason != "cancelled":  # a cancelled one is asked again (EngineBridge._resume_title)
             self.titled.emit(conversation_id, result.text)
 
 
@@ -255,6 +257,8 @@ class EngineBridge(QObject):
         self.loader.load_failed.connect(self._on_load_failed)
         self.loader.load_cancelled.connect(self._on_load_cancelled)
         self.worker.loaded.connect(self._on_loaded)
+        self.worker.titled.connect(self._on_titled)
+        self._title: tuple[int, list[dict]] | None = None  # a title asked for and not yet written
         self.info: EngineInfo | None = None  # the engine that answers; kept when a new load fails
         self.loading = False  # a load is under way
         self._load_number = 0
@@ -275,20 +279,41 @@ class EngineBridge(QObject):
         self._stops.load.set()
 
     def respond(self, messages: list[dict]) -> None:
-        self._stops.title.set()  # a title being written gives way to the reply
+        title = self._interrupt_title()  # a title being written gives way to the reply, and follows it
         self._stops.generation = threading.Event()
         self._respond_requested.emit(messages, self._stops.generation)
+        self._resume_title(title)
 
     def stop(self) -> None:
         self._stops.generation.set()
 
     def apply_settings(self, speculation: SpeculationSettings, sampling: SamplingSettings) -> None:
+        """Settings for the next reply: in place as soon as the engine thread is between replies (a
+        title being written stops for them, then starts again)."""
+        title = self._interrupt_title()
         self._settings_requested.emit(speculation, sampling)
+        self._resume_title(title)
 
     def name_conversation(self, conversation_id: int, history: list[dict]) -> None:
-        """Ask the engine for a title; `worker.titled` answers unless a reply comes first."""
+        """Ask the engine for a title; `worker.titled` answers, after any reply or settings that come first."""
+        self._title = (conversation_id, history)
         self._stops.title = threading.Event()
         self._title_requested.emit(conversation_id, history, self._stops.title)
+
+    def _interrupt_title(self) -> tuple[int, list[dict]] | None:
+        """Stop a title being written (it is cheap to write again); returns what it was for."""
+        title, self._title = self._title, None
+        if title is not None:
+            self._stops.title.set()
+        return title
+
+    def _resume_title(self, title: tuple[int, list[dict]] | None) -> None:
+        if title is not None:
+            self.name_conversation(*title)
+
+    @Slot(int, str)
+    def _on_titled(self, _conversation_id: int, _text: str) -> None:
+        self._title = None
 
     def shutdown(self, timeout_ms: int = 15000) -> bool:
         """Stop any work, end the threads; True when they ended in time."""

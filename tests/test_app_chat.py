@@ -239,6 +239,37 @@ def test_a_conversation_is_titled_from_its_first_exchange(qtbot, store):
     assert store.get_conversation(window.conversation_id).title == "Mine"
 
 
+def test_a_drafter_change_does_not_wait_for_a_title_being_written(qtbot, store):
+    """The title of a first exchange is written on the engine thread; settings go first, then it."""
+    from app.titles import first_message_title
+
+    engine = ScriptedEngine(["word "] * 150, delay_s=0.01)
+    window = open_window(qtbot, store, engine, config=AppConfig())
+    send(qtbot, window, "Tell me about zebras")
+    conversation_id = window.conversation_id
+    titles_when_applied = TitleAtSettings(store, conversation_id)
+    window.bridge.worker.settings_applied.connect(titles_when_applied.record)
+    window.apply_config(dataclasses.replace(window.config, drafter="ngram"))
+    qtbot.waitUntil(lambda: bool(titles_when_applied.titles), timeout=5000)
+    assert titles_when_applied.titles == [first_message_title("Tell me about zebras")]  # before the title
+    qtbot.waitUntil(
+        lambda: store.get_conversation(conversation_id).title.startswith("word word"), timeout=10_000
+    )
+    assert engine.speculation.drafter == "ngram"
+
+
+class TitleAtSettings(QtCore.QObject):
+    """Lives on the GUI thread: the conversation's title at the moment the engine took new settings."""
+
+    def __init__(self, store, conversation_id: int):
+        super().__init__()
+        self.store, self.conversation_id, self.titles = store, conversation_id, []
+
+    @QtCore.Slot()
+    def record(self) -> None:
+        self.titles.append(self.store.get_conversation(self.conversation_id).title)
+
+
 @pytest.mark.parametrize(
     "answer, title",
     [

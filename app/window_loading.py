@@ -14,7 +14,7 @@ import time
 from app.bridge import EngineInfo, LoadRequest
 from app.config import AppConfig
 from app.load_progress import LoadProgress, StageClock
-from app.qt import QObject, Qt, QtWidgets, Signal, Slot
+from app.qt import QObject, Qt, QTimer, QtWidgets, Signal, Slot
 
 
 class LoadingController(QObject):
@@ -32,6 +32,9 @@ class LoadingController(QObject):
         self.wanted: AppConfig | None = None  # the config of the load under way, or of the last one
         self.progress = LoadProgress(window)
         self._optimize_clock = StageClock()
+        self._optimize_timer = QTimer(self)  # the optimization's elapsed time moves between its reports
+        self._optimize_timer.setInterval(1000)
+        self._optimize_timer.timeout.connect(self._show_optimizing)
         self.progress.cancel_requested.connect(self.cancel)
         self.bridge.load_progress.connect(self._on_progress)
         self.bridge.load_failed.connect(self._on_load_failed)
@@ -150,11 +153,17 @@ class LoadingController(QObject):
         """The engine's background optimization (ChatEngine.optimize_in_background), with its counts
         and the time left where they allow an estimate."""
         self._optimize_clock.update(stage[:1].upper() + stage[1:], done, total, time.monotonic())
+        self._show_optimizing()
+        self._optimize_timer.start()
+
+    @Slot()
+    def _show_optimizing(self) -> None:
         self.window.optimize_label.setText(self._optimize_clock.text(time.monotonic()))
 
     @Slot(str)
     def _on_optimized(self, message: str) -> None:
         window = self.window
+        self._optimize_timer.stop()
         window.optimize_label.setText("")
         window.statusBar().showMessage(message, 15000)
         tip = window.models_label.toolTip()

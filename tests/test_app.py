@@ -284,6 +284,7 @@ def test_load_failure_and_cancel_are_reported_not_raised(qtbot, store):
     qtbot.waitUntil(lambda: window.activity_label.text() == "Loading failed", timeout=5000)
     box = next(w for w in QtWidgets.QApplication.topLevelWidgets() if isinstance(w, QtWidgets.QMessageBox))
     assert box.text() == "No model at 'nowhere'." and "ModelNotFoundError" in box.detailedText()
+    assert not box.isModal()  # the window stays usable behind it
     assert window.bridge.info is None
     window.message_edit.setPlainText("hello")
     window.send()

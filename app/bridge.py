@@ -1,153 +1,39 @@
-"""The engine on one worker thread, talking to the GUI through signals.
+"""The engine on a worker thread, talking to the GUI through signals; new engines built beside it.
 
-The GUI never touches a model. It asks the worker through queued signals and hears back through the
-worker's signals, which Qt delivers on the GUI thread because their receivers live there. Stopping is a
-threading.Event the GUI sets directly, so it takes effect while the worker is busy.
+The GUI never touches a model. It asks the workers through queued signals and hears back through their
+signals, which Qt delivers on the GUI thread because their receivers live there. Stopping is a
+threading.Event the GUI sets directly, so it takes effect while a worker is busy.
 
-torch and transformers are imported by the engine factory, which runs on the worker only.
+Two workers, one pattern: the engine worker answers; the loader worker builds the next engine (loading,
+kernel builds, conversions, calibration) while the engine worker keeps answering with the one it has,
+then hands it over between two replies. torch and transformers are imported by the engine factory
+(app/engine_factory.py), which runs on the loader thread only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.engine_factory import (
+    EngineFactory,
+    EngineInfo,
+    LoadRequest,
+    ProgressCallback,
+    default_engine_factory,
+    kernel_lines,
+    remote_engine_factory,
+)
 from app.qt import QObject, QThread, Signal, Slot
-from engine.errors import SettingsError, TandemError
+from app.titles import title_messages, title_sampling
+from engine.errors import TandemError
 from engine.events import Failed, Finished, Progress, RoundStats, TextPiece
 from engine.settings import SamplingSettings, SpeculationSettings
-
-
-@dataclass(frozen=True)
-class LoadRequest:
-    """Which models to load and how: the subset of the app's config that needs a reload to change."""
-
-    target: str
-    drafter: str = "model"  # "model", "ngram" or "none"
-    draft: str | None = None  # None: a quantized copy of the target
-    quantization: str = "int8"
-    device: str = "auto"
-    dtype: str = "auto"
-    compiled: str = "auto"
-    draft_on_cpu: bool = False
-    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    backend: str = "local"  # "local" or "server"
-    target_precision: str = "default"  # fp32, bf16, int8, int4, or the device's default
-    server_url: str = ""  # for "server"; its API key comes from engine.remote.credentials
-
-    @classmethod
-    def from_config(cls, config) -> LoadRequest:
-        return cls(
-            target=config.target,
-            drafter=config.drafter,
-            draft=config.draft or None,
-            quantization=config.draft_quantization,
-            device=config.device,
-            dtype=config.dtype,
-            compiled=config.compiled,
-            draft_on_cpu=config.draft_on_cpu,
-            speculation=config.speculation(),
-            sampling=config.sampling(),
-            backend=config.backend,
-            server_url=config.server_url,
-            target_precision=config.target_precision,
-        )
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the status bar shows about the loaded engine."""
-
-    target: str
-    draft: str | None
-    device: str
-    quantization: str
-    notices: tuple[str, ...] = ()  # how the models run, when it is not the fastest path
-    kernels: tuple[str, ...] = ()  # the quantized kernel of each quantized model, and why it was chosen
-
-
-ProgressCallback = Callable[[str, int, int], None]
-# factory(request, progress) -> (engine, info). Runs on the worker thread.
-EngineFactory = Callable[[LoadRequest, ProgressCallback], tuple[Any, EngineInfo]]
-
-
-def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> tuple[Any, EngineInfo]:
-    if request.backend == "server":
-        return remote_engine_factory(request, progress)
-    from engine.models.pair import load_pair
-    from engine.session import ChatEngine
-
-    # "auto" may choose the draft model among the drafters, so it loads one too
-    draft_spec = request.draft if request.drafter in ("model", "auto") else "none"
-    extra = {}
-    if request.target_precision != "default":
-        if "target_precision" not in inspect.signature(load_pair).parameters:
-            raise SettingsError("This version of the engine cannot choose the target's precision.")
-        extra["target_precision"] = request.target_precision
-    target, draft = load_pair(
-        request.target,
-        draft_spec,
-        quantization=request.quantization,
-        device=request.device,
-        dtype=request.dtype,
-        progress=progress,
-        draft_device="cpu" if request.draft_on_cpu else None,
-        **extra,
-    )
-    progress("Preparing the engine", 0, 1)
-    engine = ChatEngine(
-        target, draft, speculation=request.speculation, sampling=request.sampling, compiled=request.compiled,
-        remember_drafters=True,
-    )  # fmt: skip
-    engine.tree_graph_later = True  # built after "Ready" (EngineWorker._build_tree_graph)
-    engine.prepare(progress)
-    info = EngineInfo(
-        target=target.name,
-        draft=draft.name if draft is not None else (None if request.drafter == "none" else request.drafter),
-        device=str(target.device),
-        quantization=draft.quantization if draft is not None else "none",
-        notices=tuple(engine.notices),
-        kernels=kernel_lines(target, draft),
-    )
-    return engine, info
-
-
-def kernel_lines(*models) -> tuple[str, ...]:
-    """'draft: <kernel> — <why>' for each quantized model (LoadedModel.info from engine.models.quantize)."""
-    lines = []
-    for role, model in zip(("target", "draft"), models, strict=False):
-        info = getattr(model, "info", None) or {}
-        kernel = info.get("kernel_summary") or info.get("kernel")
-        if kernel:
-            reason = info.get("kernel_reason")
-            lines.append(f"{role}: {kernel}" + (f" — {reason}" if reason else ""))
-    return tuple(lines)
-
-
-def remote_engine_factory(request: LoadRequest, progress: ProgressCallback) -> tuple[Any, EngineInfo]:
-    """An OpenAI-compatible server as the engine; prepare() checks that it answers and accepts the key."""
-    from engine.remote import RemoteEngine
-    from engine.remote.credentials import load_api_key
-
-    progress(f"Connecting to {request.server_url}", 0, 0)
-    engine = RemoteEngine(request.server_url, api_key=load_api_key(request.server_url) or None)
-    engine.speculation, engine.sampling = request.speculation, request.sampling
-    engine.prepare(progress)
-    info = EngineInfo(
-        target=engine.model_name or request.server_url,
-        draft="the server's own",
-        device=request.server_url,
-        quantization="none",
-        notices=tuple(engine.notices),
-    )
-    return engine, info
 
 
 class LoadCancelled(Exception):
@@ -165,17 +51,15 @@ def _emit_while_alive(signal) -> Callable:
     return emit
 
 
-class EngineWorker(QObject):
-    """Lives on the worker thread. Every slot runs there; every signal is received on the GUI thread."""
+class LoaderWorker(QObject):
+    """Lives on the loader thread and builds engines there, so the engine thread keeps answering with
+    the engine it has until the new one is ready. Every signal is received on the GUI thread; each
+    carries the number of the load it belongs to, so the bridge can drop what a newer load replaced."""
 
-    progress = Signal(str, int, int)
-    loaded = Signal(object)  # EngineInfo
-    load_failed = Signal(str, str)  # message for the user, details
-    load_cancelled = Signal()
-    piece = Signal(object)  # TextPiece
-    round_stats = Signal(object)  # GenerationStats, a copy the GUI may keep
-    finished = Signal(object)  # Finished
-    failed = Signal(str, str)  # message for the user, details
+    progress = Signal(int, str, int, int)  # load number, stage, done, total
+    built = Signal(int, object, object)  # load number, engine, EngineInfo
+    load_failed = Signal(int, str, str)  # load number, message for the user, details
+    load_cancelled = Signal(int)
     # the engine's background optimization (ChatEngine.optimize_in_background), from its own thread
     optimizing = Signal(str, int, int)
     optimized = Signal(str)  # how it ended, for the user
@@ -183,14 +67,13 @@ class EngineWorker(QObject):
     def __init__(self, factory: EngineFactory):
         super().__init__()
         self._factory = factory
-        self._engine = None
 
-    @Slot(object, object)
-    def load(self, request: LoadRequest, cancel: threading.Event) -> None:
+    @Slot(int, object, object)
+    def load(self, number: int, request: LoadRequest, cancel: threading.Event) -> None:
         def progress(stage: str, done: int, total: int) -> None:
             if cancel.is_set():
                 raise LoadCancelled
-            self.progress.emit(stage, done, total)
+            self.progress.emit(number, stage, done, total)
 
         try:
             progress("Loading models", 0, 0)
@@ -198,24 +81,26 @@ class EngineWorker(QObject):
             if cancel.is_set():
                 raise LoadCancelled
         except LoadCancelled:
-            self.load_cancelled.emit()
+            self.load_cancelled.emit(number)
             return
         except TandemError as exc:
-            self.load_failed.emit(str(exc), traceback.format_exc())
+            self.load_failed.emit(number, str(exc), traceback.format_exc())
             return
         except Exception as exc:  # a bug or an unexpected library failure: shown, never a crash
-            self.load_failed.emit(f"Could not load the models: {exc}", traceback.format_exc())
+            self.load_failed.emit(number, f"Could not load the models: {exc}", traceback.format_exc())
             return
-        self._engine = engine
-        self.loaded.emit(info)
+        self.built.emit(number, engine, info)
+        if cancel.is_set():  # a newer load replaced this one: it will not answer
+            return
         self._build_tree_graph(engine)
         start = getattr(engine, "optimize_in_background", None)
         if start is not None:
             start(_emit_while_alive(self.optimizing), _emit_while_alive(self.optimized))
 
     def _build_tree_graph(self, engine) -> None:
-        """The token-tree graph that prepare left (tree_graph_later), after "Ready" and on this thread
-        (dynamo traces it five times slower on another): a reply asked for meanwhile waits seconds."""
+        """The token-tree graph that prepare left (tree_graph_later), after "Ready" and on the thread that
+        ran prepare (dynamo traces it five times slower on another); it holds the engine's lock, so a
+        reply asked for meanwhile waits seconds."""
         build = getattr(engine, "build_tree_graph", None)
         if build is None:
             return
@@ -230,12 +115,36 @@ class EngineWorker(QObject):
         elif shown:  # it did not build: clear the progress
             self.optimized.emit("")
 
+
+class EngineWorker(QObject):
+    """Lives on the engine thread. Every slot runs there; every signal is received on the GUI thread."""
+
+    loaded = Signal(object)  # EngineInfo of the engine that answers from now on
+    progress = Signal(str, int, int)  # what a reply waits for (Progress events)
+    piece = Signal(object)  # TextPiece
+    round_stats = Signal(object)  # GenerationStats, a copy the GUI may keep
+    finished = Signal(object)  # Finished
+    failed = Signal(str, str)  # message for the user, details
+    titled = Signal(int, str)  # conversation id, the title the model wrote
+    settings_applied = Signal()  # the engine reads the new settings from its next reply on
+
+    def __init__(self):
+        super().__init__()
+        self._engine = None
+
+    @Slot(object, object)
+    def install(self, engine, info: EngineInfo) -> None:
+        """Queued behind any running reply: the next reply is the new engine's; the old one is dropped."""
+        self._engine = engine
+        self.loaded.emit(info)
+
     @Slot(object, object)
     def apply_settings(self, speculation: SpeculationSettings, sampling: SamplingSettings) -> None:
         # Queued behind any running reply, so the engine never sees settings change mid-generation.
         if self._engine is not None:
             self._engine.speculation = speculation
             self._engine.sampling = sampling
+            self.settings_applied.emit()
 
     @Slot(object, object)
     def respond(self, messages: list[dict], cancel: threading.Event) -> None:
@@ -269,71 +178,174 @@ class EngineWorker(QObject):
         else:
             self.failed.emit("The engine returned no result.", repr(result))
 
+    @Slot(int, object, object)
+    def name_conversation(self, conversation_id: int, history: list[dict], cancel: threading.Event) -> None:
+        """The model's title for a conversation (app/titles.py); a reply asked for meanwhile cancels it."""
+        engine = self._engine
+        if engine is None or cancel.is_set():
+            return
+        sampling = engine.sampling
+        engine.sampling = title_sampling(sampling)
+        try:
+            result = engine.respond(title_messages(history), on_event=lambda _event: None, cancel=cancel)
+        except Exception:  # noqa: BLE001 - a title is a nicety: the first message's stays
+            result = None
+        finally:
+            engine.sampling = sampling
+        if not isinstance(result, Finished):
+            self.titled.emit(conversation_id, "")  # no title: nothing to ask again
+        elif result.reason != "cancelled":  # a cancelled one is asked again (EngineBridge._resume_title)
+            self.titled.emit(conversation_id, result.text)
+
 
 @dataclass
 class _StopFlags:
     generation: threading.Event = field(default_factory=threading.Event)
     load: threading.Event = field(default_factory=threading.Event)
+    title: threading.Event = field(default_factory=threading.Event)
+
+    def set_all(self) -> None:
+        for flag in (self.generation, self.load, self.title):
+            flag.set()
 
 
-def _stop_thread(thread: QThread, stops: _StopFlags, *_args, timeout_ms: int = 15000) -> bool:
+def _stop_threads(threads: tuple[QThread, ...], stops: _StopFlags, *_args, timeout_ms: int = 15000) -> bool:
     """timeout_ms < 0 waits as long as it takes."""
-    stops.generation.set()
-    stops.load.set()
-    thread.quit()
-    return thread.wait() if timeout_ms < 0 else thread.wait(timeout_ms)
+    stops.set_all()
+    for thread in threads:
+        thread.quit()
+    return all(thread.wait() if timeout_ms < 0 else thread.wait(timeout_ms) for thread in threads)
 
 
 class EngineBridge(QObject):
-    """The GUI side: owns the worker thread, starts work on it, and stops it."""
+    """The GUI side: owns the engine thread (replies) and the loader thread (new engines), starts work on
+    them, and stops it. A loaded engine is handed to the engine thread between two replies."""
 
-    _load_requested = Signal(object, object)
+    load_progress = Signal(str, int, int)  # of the current load
+    load_failed = Signal(str, str)
+    load_cancelled = Signal()
+    _load_requested = Signal(int, object, object)
+    _install_requested = Signal(object, object)
     _respond_requested = Signal(object, object)
     _settings_requested = Signal(object, object)
+    _title_requested = Signal(int, object, object)
 
     def __init__(self, factory: EngineFactory = default_engine_factory, parent: QObject | None = None):
         super().__init__(parent)
-        # A child of the bridge, and stopped when the bridge is destroyed (destroyed is emitted before
+        # Children of the bridge, and stopped when the bridge is destroyed (destroyed is emitted before
         # children are deleted): a window dropped without closing must not destroy a running QThread.
         self._thread = QThread(self)
         self._thread.setObjectName("tandem-engine")
+        self._loader_thread = QThread(self)
+        self._loader_thread.setObjectName("tandem-loader")
         self._stops = _StopFlags()
-        self.destroyed.connect(functools.partial(_stop_thread, self._thread, self._stops))
-        self.worker = EngineWorker(factory)
+        threads = (self._loader_thread, self._thread)
+        self.destroyed.connect(functools.partial(_stop_threads, threads, self._stops))
+        self.worker = EngineWorker()
         self.worker.moveToThread(self._thread)
-        self._thread.finished.connect(self.worker.deleteLater)
-        self._load_requested.connect(self.worker.load)
+        self.loader = LoaderWorker(factory)
+        self.loader.moveToThread(self._loader_thread)
+        for thread, worker in zip(threads, (self.loader, self.worker), strict=True):
+            thread.finished.connect(worker.deleteLater)
+        self._load_requested.connect(self.loader.load)
+        self._install_requested.connect(self.worker.install)
         self._respond_requested.connect(self.worker.respond)
         self._settings_requested.connect(self.worker.apply_settings)
+        self._title_requested.connect(self.worker.name_conversation)
+        self.loader.progress.connect(self._on_progress)
+        self.loader.built.connect(self._on_built)
+        self.loader.load_failed.connect(self._on_load_failed)
+        self.loader.load_cancelled.connect(self._on_load_cancelled)
         self.worker.loaded.connect(self._on_loaded)
+        self.worker.titled.connect(self._on_titled)
+        self._title: tuple[int, list[dict]] | None = None  # a title asked for and not yet written
         self.info: EngineInfo | None = None  # the engine that answers; kept when a new load fails
+        self.loading = False  # a load is under way
+        self._load_number = 0
+        self._installs: list[int] = []  # load numbers handed to the engine thread, oldest first
+        self._loader_thread.start()
         self._thread.start()
         self.probes = Probes(self)
 
     def load(self, request: LoadRequest) -> None:
+        """Load a new engine beside the one that answers; a load still under way is cancelled."""
+        self._stops.load.set()
         self._stops.load = threading.Event()
-        self._load_requested.emit(request, self._stops.load)
+        self._load_number += 1
+        self.loading = True
+        self._load_requested.emit(self._load_number, request, self._stops.load)
 
     def cancel_load(self) -> None:
         self._stops.load.set()
 
     def respond(self, messages: list[dict]) -> None:
+        title = self._interrupt_title()  # a title being written gives way to the reply, and follows it
         self._stops.generation = threading.Event()
         self._respond_requested.emit(messages, self._stops.generation)
+        self._resume_title(title)
 
     def stop(self) -> None:
         self._stops.generation.set()
 
     def apply_settings(self, speculation: SpeculationSettings, sampling: SamplingSettings) -> None:
+        """Settings for the next reply: in place as soon as the engine thread is between replies (a
+        title being written stops for them, then starts again)."""
+        title = self._interrupt_title()
         self._settings_requested.emit(speculation, sampling)
+        self._resume_title(title)
+
+    def name_conversation(self, conversation_id: int, history: list[dict]) -> None:
+        """Ask the engine for a title; `worker.titled` answers, after any reply or settings that come first."""
+        self._title = (conversation_id, history)
+        self._stops.title = threading.Event()
+        self._title_requested.emit(conversation_id, history, self._stops.title)
+
+    def _interrupt_title(self) -> tuple[int, list[dict]] | None:
+        """Stop a title being written (it is cheap to write again); returns what it was for."""
+        title, self._title = self._title, None
+        if title is not None:
+            self._stops.title.set()
+        return title
+
+    def _resume_title(self, title: tuple[int, list[dict]] | None) -> None:
+        if title is not None:
+            self.name_conversation(*title)
+
+    @Slot(int, str)
+    def _on_titled(self, _conversation_id: int, _text: str) -> None:
+        self._title = None
 
     def shutdown(self, timeout_ms: int = 15000) -> bool:
         """Stop any work, end the threads; True when they ended in time."""
         self.probes.shutdown(timeout_ms)
-        return _stop_thread(self._thread, self._stops, timeout_ms=timeout_ms)
+        return _stop_threads((self._loader_thread, self._thread), self._stops, timeout_ms=timeout_ms)
+
+    @Slot(int, str, int, int)
+    def _on_progress(self, number: int, stage: str, done: int, total: int) -> None:
+        if number == self._load_number:
+            self.load_progress.emit(stage, done, total)
+
+    @Slot(int, object, object)
+    def _on_built(self, number: int, engine, info: EngineInfo) -> None:
+        if number == self._load_number:  # else a newer load replaced it: it is dropped here
+            self._installs.append(number)
+            self._install_requested.emit(engine, info)
+
+    @Slot(int, str, str)
+    def _on_load_failed(self, number: int, message: str, details: str) -> None:
+        if number == self._load_number:
+            self.loading = False
+            self.load_failed.emit(message, details)
+
+    @Slot(int)
+    def _on_load_cancelled(self, number: int) -> None:
+        if number == self._load_number:
+            self.loading = False
+            self.load_cancelled.emit()
 
     @Slot(object)
     def _on_loaded(self, info: EngineInfo) -> None:
+        self.loading = self._installs.pop(0) != self._load_number if self._installs else False
         self.info = info
 
 
@@ -407,3 +419,18 @@ def _abandon(thread: QThread, worker: ProbeWorker, *_args) -> None:
 def _quit_thread(thread: QThread, *_args, timeout_ms: int = 15000) -> bool:
     thread.quit()
     return thread.wait() if timeout_ms < 0 else thread.wait(timeout_ms)
+
+
+__all__ = [
+    "EngineBridge",
+    "EngineFactory",
+    "EngineInfo",
+    "EngineWorker",
+    "LoadRequest",
+    "LoaderWorker",
+    "Probes",
+    "ProgressCallback",
+    "default_engine_factory",
+    "kernel_lines",
+    "remote_engine_factory",
+]

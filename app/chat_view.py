@@ -17,6 +17,7 @@ from app.qt import Qt, QtCore, QtGui, QTimer, QtWidgets, Signal, Slot
 
 RENDER_INTERVAL_MS = 66  # re-render a streaming message at most ~15 times a second
 FOLLOW_SLACK_PX = 24  # this close to the bottom counts as "at the bottom" for auto-scroll
+VIEW_SETTLE_MS = 150  # after the user scrolls, how long the view stays put before the panel follows
 
 __all__ = ["ChatView", "Theme", "ViewMessage", "decode_provenance", "encode_provenance", "render_markdown"]
 
@@ -25,9 +26,11 @@ class ChatView(QtWidgets.QWidget):
     """The visible thread of one conversation, with a streaming reply at the end."""
 
     regenerate_requested = Signal(int)
+    answer_requested = Signal(int)
     edit_requested = Signal(int)
     branch_requested = Signal(int, int)
     stats_requested = Signal(object)  # the ViewMessage whose stats to show
+    reply_in_view = Signal(object)  # the user scrolled the framed reply away: the reply now in view
     colouring_changed = Signal(bool)
     copied = Signal()
 
@@ -71,6 +74,11 @@ class ChatView(QtWidgets.QWidget):
         scrollbar.rangeChanged.connect(self._on_range_changed)
         scrollbar.valueChanged.connect(self._on_scrolled)
         scrollbar.actionTriggered.connect(self._unpin)  # the user moved the scroll bar or the wheel
+        self._view_timer = QTimer(self)  # the reply in view, once the scrolling settles
+        self._view_timer.setSingleShot(True)
+        self._view_timer.setInterval(VIEW_SETTLE_MS)
+        self._view_timer.timeout.connect(self._announce_reply_in_view)
+        scrollbar.actionTriggered.connect(lambda _action: self._view_timer.start())
 
         self.placeholder = QtWidgets.QLabel("Start a conversation: type a message below.", self.container)
         self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -105,6 +113,7 @@ class ChatView(QtWidgets.QWidget):
         widget = MessageWidget(message, self.theme, self.coloured, self.container)
         widget.copy_requested.connect(self.copy_text)
         widget.regenerate_requested.connect(self.regenerate_requested)
+        widget.answer_requested.connect(self.answer_requested)
         widget.edit_requested.connect(self.edit_requested)
         widget.branch_requested.connect(self.branch_requested)
         widget.stats_requested.connect(self.stats_requested)
@@ -147,6 +156,30 @@ class ChatView(QtWidgets.QWidget):
     @Slot(int)
     def _unpin(self, _action: int) -> None:
         self.pinned = None
+
+    @Slot()
+    def _announce_reply_in_view(self) -> None:
+        """While nothing streams here: when the framed reply has left the view, the reply nearest the
+        middle of the view (with figures) is the one the stats panel should show."""
+        if self.streaming is not None:
+            return
+        framed = next((w for w in self.widgets if w.selected), None)
+        if framed is not None and self.is_message_visible(framed.message.id):
+            return
+        middle = self.scroll.verticalScrollBar().value() + self.scroll.viewport().height() / 2
+        shown = [
+            w
+            for w in self.widgets
+            if w.message.role == "assistant"
+            and "generated_tokens" in (w.message.stats or {})
+            and self.is_message_visible(w.message.id)
+        ]
+        if shown:
+            nearest = min(
+                shown,
+                key=lambda w: abs(w.mapTo(self.container, QtCore.QPoint(0, w.height() // 2)).y() - middle),
+            )
+            self.reply_in_view.emit(nearest.message)
 
     def is_message_visible(self, message_id: int) -> bool:
         widget = self.widget_for(message_id)

@@ -36,6 +36,8 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
 # Fields whose change means loading a different target model.
 _TARGET_FIELDS = ("target", "device", "dtype", "compiled", "target_precision")
+# Every field that says which models are loaded and where.
+MODEL_FIELDS = (*_TARGET_FIELDS, "draft", "draft_quantization", "draft_on_cpu", "backend", "server_url")
 
 
 @dataclass
@@ -64,6 +66,7 @@ class AppConfig:
     backend: str = "local"  # "local": the models on this computer; "server": an OpenAI-compatible server
     server_url: str = ""  # its API key is kept by the credentials store, never here
     target_precision: str = "default"
+    auto_titles: bool = True  # the model titles a conversation after its first exchange (app/titles.py)
 
     # --- engine settings ---------------------------------------------------------------------------
 
@@ -117,10 +120,24 @@ class AppConfig:
     def draft_changed(self, other: AppConfig) -> bool:
         return self._draft_identity() != other._draft_identity()
 
-    def models_changed(self, other: AppConfig) -> bool:
-        """Whether going from self to other needs a model loaded or dropped (sampling and K do not)."""
-        backend = (self.backend, self.server_url) != (other.backend, other.server_url)
-        return backend or self.target_changed(other) or self.draft_changed(other)
+    def needs_load(self, loaded: AppConfig | None) -> bool:
+        """Whether the engine loaded for `loaded` (None: no engine) cannot serve self: another target,
+        backend or draft model. Drafter, K, trees, sampling and stop strings reach the engine at its
+        next reply without a load (ChatEngine reads them at every call); a drafter that needs no model
+        keeps the loaded draft, so switching back costs nothing either."""
+        if loaded is None:
+            return True
+        if (self.backend, self.server_url) != (loaded.backend, loaded.server_url) or self.target_changed(
+            loaded
+        ):
+            return True
+        if self.backend != "local" or self.drafter not in MODEL_DRAFTERS:
+            return False
+        return self.draft_changed(loaded)
+
+    def with_models_of(self, other: AppConfig) -> AppConfig:
+        """self with other's models (target, draft, device, backend), its other choices kept."""
+        return dataclasses.replace(self, **{name: getattr(other, name) for name in MODEL_FIELDS})
 
     def _draft_identity(self) -> tuple | None:
         if self.drafter not in MODEL_DRAFTERS:

@@ -65,6 +65,7 @@ class ConversationActions:
                 "save the system prompt",
                 lambda: self.store.update_conversation(conversation_id, system_prompt=prompt),
             )
+        self.window.refresh_header()
         self.window.statusBar().showMessage(
             "System prompt set for this conversation."
             if prompt

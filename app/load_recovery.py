@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from app.config import DEFAULT_DRAFTER, AppConfig
-from app.qt import QtWidgets
+from app.qt import Qt, QtWidgets
 from engine.models.builtin import DEFAULT_TARGET
 
 USE_BUILTIN = "Use the built-in model"
@@ -56,7 +56,8 @@ def show_load_failure(window, message: str, details: str) -> QtWidgets.QMessageB
     builtin.clicked.connect(lambda: window.apply_config(builtin_config(window.config)))
     settings.clicked.connect(window.open_settings)
     window.load_error_box = box
-    box.open()
+    box.setWindowModality(Qt.WindowModality.NonModal)  # the models still loaded keep answering meanwhile
+    box.show()
     return box
 
 

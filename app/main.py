@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_app(args: argparse.Namespace) -> int:
     from app import crash
-    from app.qt import QtWidgets
+    from app.qt import QtCore, QtWidgets
     from engine.paths import data_dir
 
     log_dir = data_dir()
@@ -88,9 +88,10 @@ def run_app(args: argparse.Namespace) -> int:
     config, fallback_message = AppConfig.load_for_start(store, start_check)
     window = MainWindow(store, config)
     window.show()
-    window.load_models()
-    if fallback_message:
-        QtWidgets.QMessageBox.information(window, "Tandem", fallback_message)
+    window.load_models()  # in the background: the window takes a message at once
+    if fallback_message:  # said without a modal box, so nothing stands before the first message
+        window.statusBar().showMessage(fallback_message.replace("\n\n", " "), 60000)
+        window.models_label.setToolTip(fallback_message)
     if args.screenshot:
         window.models_loaded.connect(lambda _info: (window.grab().save(str(args.screenshot)), window.close()))
     if report:
@@ -101,7 +102,8 @@ def run_app(args: argparse.Namespace) -> int:
             parent=window,
         )
         box.setDetailedText(report)
-        box.open()
+        box.setWindowModality(QtCore.Qt.WindowModality.NonModal)  # the chat stays usable behind it
+        box.show()
     code = app.exec()
     store.close()
     return code

@@ -14,6 +14,10 @@ from app.qt import Qt, QtCore, QtGui, QTimer, QtWidgets, Signal, Slot
 from app.stats_format import footer_line, footer_tooltip
 
 COPIED_MS = 1500  # how long a Copy button says "Copied"
+WAITING_TEXT = (
+    "The reply starts as soon as the model has loaded (the status bar shows how far it is). "
+    "Esc stops waiting; your message is kept."
+)
 
 
 @dataclass
@@ -87,6 +91,7 @@ class MessageWidget(QtWidgets.QFrame):
 
     copy_requested = Signal(str)
     regenerate_requested = Signal(int)
+    answer_requested = Signal(int)  # a question whose reply never came
     edit_requested = Signal(int)
     branch_requested = Signal(int, int)  # message id, step (-1 previous sibling, +1 next)
     stats_requested = Signal(object)  # the ViewMessage whose stats to show
@@ -120,19 +125,25 @@ class MessageWidget(QtWidgets.QFrame):
             header.addWidget(widget)
         self.copy_button = self._tool_button("Copy", "Copy this message", self._copy)
         header.addWidget(self.copy_button)
+        edit = lambda: self.edit_requested.emit(self.message.id)  # noqa: E731
         if message.role == "assistant":
+            self.edit_button = self._tool_button("Edit", "Edit this reply (the original is kept)", edit)
             self.action_button = self._tool_button(
                 "Regenerate",
                 "Write a new reply (the old one is kept)",
                 lambda: self.regenerate_requested.emit(self.message.id),
             )
         else:
-            self.action_button = self._tool_button(
-                "Edit",
-                "Edit and resend (the old version is kept)",
-                lambda: self.edit_requested.emit(self.message.id),
-            )
-        header.addWidget(self.action_button)
+            self.edit_button = None
+            self.action_button = self._tool_button("Edit", "Edit and resend (the old version is kept)", edit)
+        self.answer_button = self._tool_button(
+            "Answer",
+            "Write the reply this message never got",
+            lambda: self.answer_requested.emit(self.message.id),
+        )
+        for button in (self.edit_button, self.action_button, self.answer_button):
+            if button is not None:
+                header.addWidget(button)
         layout.addLayout(header)
 
         self.browser = MessageBrowser(self)
@@ -165,14 +176,17 @@ class MessageWidget(QtWidgets.QFrame):
 
     def refresh_chrome(self) -> None:
         message = self.message
-        streaming = message.status == "streaming"
+        streaming = message.status in ("streaming", "waiting")
         role = {"user": "You", "assistant": "Assistant", "system": "System"}.get(message.role, message.role)
         status = {
             "streaming": " — writing…",
+            "waiting": " — waiting for the model",
             "cancelled": " — stopped",
             "error": " — error",
             "interrupted": " — interrupted",
         }.get(message.status, "")
+        if (message.stats or {}).get("edited"):
+            status += " — edited"
         self.role_label.setText(f"<b>{role}</b><span style='color:{self.theme.muted};'>{status}</span>")
         index, count = message.branch
         has_branches = count > 1
@@ -182,6 +196,12 @@ class MessageWidget(QtWidgets.QFrame):
         self.previous_button.setEnabled(has_branches and index > 1 and not streaming)
         self.next_button.setEnabled(has_branches and index < count and not streaming)
         self.action_button.setEnabled(not streaming)
+        if self.edit_button is not None:
+            self.edit_button.setEnabled(not streaming)
+        self.answer_button.setVisible(bool(message.extra.get("unanswered")))
+        for button in (self.copy_button, self.action_button, self.edit_button):
+            if button is not None:
+                button.setVisible(message.status != "waiting")
         stats = message.stats or {}
         has_numbers = message.role == "assistant" and "generated_tokens" in stats
         line = footer_line(stats) if has_numbers else ""
@@ -204,6 +224,8 @@ class MessageWidget(QtWidgets.QFrame):
                 body += f'<p style="color:{self.theme.error};">{error}</p>'
         if message.status == "streaming" and not message.text:
             body = f'<p style="color:{self.theme.muted};">…</p>'
+        elif message.status == "waiting":
+            body = f'<p style="color:{self.theme.muted};">{WAITING_TEXT}</p>'
         self.browser.setHtml(body)
         if self.coloured and message.spans and message.text:
             colour_document(self.browser.document(), message.text, message.spans, self.theme)

@@ -13,7 +13,7 @@ import threading
 from app.bridge import Probes
 from app.qt import QObject, Qt, QtWidgets, Signal, Slot
 from engine.errors import TandemError
-from engine.models import manage
+from engine.models import manage, probes
 
 GIB = 1024**3
 
@@ -31,7 +31,7 @@ class ModelManager(QtWidgets.QDialog):
     def __init__(self, parent: QtWidgets.QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Models")
-        self.resize(760, 560)
+        self.resize(980, 600)
         self._lookups = Probes(self)
         self._downloads = Probes(self)
         self._lookups.answered.connect(self._on_lookup)
@@ -42,7 +42,7 @@ class ModelManager(QtWidgets.QDialog):
         self._installed: list[manage.InstalledModel] = []
         self._pairs = manage.suggested_pairs()
 
-        self.installed_table = _table(["Model", "Size", "Location", "Kind"])
+        self.installed_table = _table(["Model", "Size on disk", "Location", "Kind"])
         self.remove_button = QtWidgets.QPushButton("Remove…")
         self.remove_button.setToolTip("Delete a downloaded or converted model from Tandem's cache")
         self.remove_button.clicked.connect(self.remove_selected)
@@ -77,7 +77,7 @@ class ModelManager(QtWidgets.QDialog):
         self._show_token_state()
         self.refresh()
         for row, pair in enumerate(self._pairs):
-            self._lookups.submit(f"fit:{row}", lambda pair=pair: manage.pair_fit(pair))
+            self._lookups.submit(f"fit:{row}", lambda pair=pair: pair_fit(pair))
 
     def _lay_out(self) -> None:
         layout = QtWidgets.QVBoxLayout(self)
@@ -230,20 +230,44 @@ class ModelManager(QtWidgets.QDialog):
 
     def done(self, result: int) -> None:
         self._cancel.set()
-        for probes in (self._lookups, self._downloads):
-            probes.shutdown(timeout_ms=-1)
+        for runner in (self._lookups, self._downloads):
+            runner.shutdown(timeout_ms=-1)
         super().done(result)
 
 
 def _table(headers: list[str]) -> QtWidgets.QTableWidget:
+    """A read-only table whose columns are as wide as their text: names and paths are never cut short
+    (a horizontal scroll bar appears where the window is narrower than them)."""
     table = QtWidgets.QTableWidget(0, len(headers))
     table.setHorizontalHeaderLabels(headers)
     table.setSelectionBehavior(QtWidgets.QAbstractItemView.SelectionBehavior.SelectRows)
     table.setSelectionMode(QtWidgets.QAbstractItemView.SelectionMode.SingleSelection)
     table.setEditTriggers(QtWidgets.QAbstractItemView.EditTrigger.NoEditTriggers)
-    table.horizontalHeader().setStretchLastSection(True)
+    table.setTextElideMode(Qt.TextElideMode.ElideNone)
+    table.setWordWrap(False)
+    header = table.horizontalHeader()
+    header.setSectionResizeMode(QtWidgets.QHeaderView.ResizeMode.ResizeToContents)
+    header.setStretchLastSection(False)
     table.verticalHeader().setVisible(False)
     return table
+
+
+def pair_fit(pair: manage.SuggestedPair) -> str:
+    """Will the pair fit here: for a pair on disk the very line Settings shows for it (one function,
+    engine.models.probes.memory_line, at the pair's draft quantization); else the catalogue's estimate."""
+    from engine.models import catalog
+    from engine.models.loaded import resolve_device
+
+    on_disk = {entry.spec for entry in catalog.list_models(include_catalogue=False) if entry.folder}
+    if not {pair.target, pair.draft} <= on_disk:  # never converts or downloads to answer
+        return manage.pair_fit(pair)
+    try:
+        line = probes.memory_line(pair.target, pair.draft, draft_quantization=pair.draft_quantization)
+    except TandemError:
+        return manage.pair_fit(pair)
+    if pair.device == "cuda" and resolve_device("auto").type != "cuda":
+        line += " Suggested for a GPU; this machine has none."
+    return line
 
 
 def _item(text: str) -> QtWidgets.QTableWidgetItem:

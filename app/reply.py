@@ -24,6 +24,7 @@ class Reply:
         self.spans: list[tuple[str, str]] = []
         self.last_stats = None
         self.stopping = False
+        self.history: list[dict] = []  # the messages it answers, as sent to the engine
 
     def provenance(self) -> dict:
         counts = {"draft": 0, "target": 0, "bonus": 0}

@@ -27,7 +27,7 @@ class SelfTest(QObject):
         self.pieces = 0
         self.started = time.monotonic()
         window.models_loaded.connect(self.on_loaded)
-        window.bridge.worker.load_failed.connect(self.on_load_failed)
+        window.bridge.load_failed.connect(self.on_load_failed)
         window.bridge.worker.piece.connect(self.on_piece)
         window.reply_finished.connect(self.on_reply_finished)
         QTimer.singleShot(int(timeout_s * 1000), self, self.on_timeout)

@@ -121,6 +121,7 @@ class SettingsDialog(QtWidgets.QDialog):
             seed=None if seed < 0 else seed,
             stop_strings=w.stop_edit.toPlainText(),
             system_prompt=w.system_prompt_edit.toPlainText(),
+            auto_titles=w.titles_box.isChecked(),
         )
 
     def apply(self) -> bool:
@@ -188,6 +189,7 @@ class SettingsDialog(QtWidgets.QDialog):
         w.seed_spin.setValue(-1 if config.seed is None else config.seed)
         w.stop_edit.setPlainText(config.stop_strings)
         w.system_prompt_edit.setPlainText(config.system_prompt)
+        w.titles_box.setChecked(config.auto_titles)
 
     def _show_kernels(self, info) -> None:
         """The quantized kernels of the loaded models and why each was chosen (engine.models.quantize)."""

@@ -58,7 +58,36 @@ TIPS = {
     "seed": "The same seed, prompt and settings give the same reply (random = a new one each time).",
     "stop": "The reply ends when it produces any of these strings, one per line; the string is not shown.",
     "system_prompt": "Sent before every new conversation; each conversation can override it.",
+    "auto_titles": "After a conversation's first reply, the model writes a short title for it (a few "
+    "tokens; a message you send meanwhile goes first). Off: the first message is the title.",
 }
+
+
+class _WheelOnlyWithFocus:
+    """A combo or spin box that takes the mouse wheel only once it has the focus (a click or Tab): an
+    unfocused one passes the wheel on, so the form under the pointer scrolls and no value changes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # not WheelFocus: the wheel gives no focus
+
+    def wheelEvent(self, event):  # noqa: N802
+        if not self.hasFocus():
+            event.ignore()
+            return
+        super().wheelEvent(event)
+
+
+class ComboBox(_WheelOnlyWithFocus, QtWidgets.QComboBox):
+    pass
+
+
+class SpinBox(_WheelOnlyWithFocus, QtWidgets.QSpinBox):
+    pass
+
+
+class DoubleSpinBox(_WheelOnlyWithFocus, QtWidgets.QDoubleSpinBox):
+    pass
 
 
 class ModelPicker(QtWidgets.QWidget):
@@ -68,7 +97,7 @@ class ModelPicker(QtWidgets.QWidget):
 
     def __init__(self, specs: list[str], parent: QtWidgets.QWidget | None = None):
         super().__init__(parent)
-        self.combo = QtWidgets.QComboBox()
+        self.combo = ComboBox()
         self.combo.setEditable(True)
         self.combo.setInsertPolicy(QtWidgets.QComboBox.InsertPolicy.NoInsert)
         self.combo.setSizeAdjustPolicy(
@@ -180,6 +209,7 @@ class SettingsWidgets:
         self.stop_edit.setMaximumHeight(60)
         self.system_prompt_edit = QtWidgets.QPlainTextEdit()
         self.system_prompt_edit.setMaximumHeight(80)
+        self.titles_box = QtWidgets.QCheckBox("Let the model title new conversations")
         self._set_tooltips()
 
     def _set_tooltips(self) -> None:
@@ -195,6 +225,7 @@ class SettingsWidgets:
             (self.p_min_spin, "p_min"), (self.trees_box, "trees"), (self.temperature_spin, "temperature"), (self.top_p_spin, "top_p"),
             (self.top_k_spin, "top_k"), (self.max_new_tokens_spin, "max_new_tokens"),
             (self.seed_spin, "seed"), (self.stop_edit, "stop"), (self.system_prompt_edit, "system_prompt"),
+            (self.titles_box, "auto_titles"),
         ):  # fmt: skip
             widget.setToolTip(TIPS[tip])
 
@@ -259,6 +290,7 @@ class SettingsWidgets:
         form.addRow("Seed:", self.seed_spin)
         form.addRow("Stop strings:", self.stop_edit)
         form.addRow("Default system prompt:", self.system_prompt_edit)
+        form.addRow("", self.titles_box)
         return form
 
 
@@ -285,7 +317,7 @@ def scrolled(form: QtWidgets.QFormLayout) -> QtWidgets.QScrollArea:
 
 
 def choices(options: dict[str, str]) -> QtWidgets.QComboBox:
-    combo = QtWidgets.QComboBox()
+    combo = ComboBox()
     set_choices(combo, options)
     return combo
 
@@ -307,13 +339,13 @@ def select(combo: QtWidgets.QComboBox, value: str) -> None:
 
 
 def spin(low: int, high: int) -> QtWidgets.QSpinBox:
-    box = QtWidgets.QSpinBox()
+    box = SpinBox()
     box.setRange(low, high)
     return box
 
 
 def double_spin(low: float, high: float, step: float) -> QtWidgets.QDoubleSpinBox:
-    box = QtWidgets.QDoubleSpinBox()
+    box = DoubleSpinBox()
     box.setRange(low, high)
     box.setSingleStep(step)
     box.setDecimals(2)

@@ -4,10 +4,12 @@ The stats panel and the footer under each reply both read from here, so the same
 same tokens/s and the same speed-up in both. Pure functions, no Qt: a reply's stats arrive either as
 a live GenerationStats or as the dict stored with the message (GenerationStats.to_dict()).
 
-The speed-up is GenerationStats.speedup. When the reply had enough plain steps of its own, the target
-alone was timed in the same conditions and the figure says "measured in this reply"; otherwise it is
-compared with the engine's calibration and is labelled an estimate (speedup_is_estimate). A reply that
-drafted nothing, or had no draft token accepted, makes no speed-up claim at all. A figure a remote
+The speed-up is GenerationStats.speedup, and GenerationStats.verdict is the one rule for what is said
+of it (faster, slower, decoded plainly, no claim), here and in the Markdown export. When the reply had
+enough plain steps of its own, the target alone was timed in the same conditions and the figure says
+"measured in this reply"; otherwise it is compared with the engine's calibration and is labelled an
+estimate (speedup_is_estimate). A reply that drafted nothing, or had no draft token accepted, makes no
+speed-up claim at all. A figure a remote
 server did not report (GenerationStats.unreported) says so instead of showing 0.
 """
 
@@ -23,6 +25,11 @@ WAITING = "after the first reply"
 PLAIN_NOTICE = (
     "Drafting was slower than the target alone on this machine, so this reply was decoded plainly "
     "(Tandem tries drafting again every so often)."
+)
+# a reply that drafted, then stepped plainly: its speed-up covers both, so nothing here says "slower"
+PARTLY_PLAIN_NOTICE = (
+    "Tandem decoded {plain} of these {rounds} rounds plainly, where drafting was not paying on this "
+    "machine; the speed-up above covers the whole reply."
 )
 SPEEDUP_TOOLTIP = (
     "The target's own time per token times the tokens of this reply, over the time this reply took to "
@@ -85,31 +92,18 @@ def tokens_per_second(stats: GenerationStats) -> float | None:
     return stats.decode_tokens_per_s
 
 
-def drafted_anything(stats: GenerationStats) -> bool:
-    return stats.drafter != "none" and stats.drafted > 0
-
-
-def speedup_estimate(stats: GenerationStats) -> float | None:
-    """The estimated speed-up, or None where no claim can be made (nothing drafted or accepted)."""
-    if not drafted_anything(stats) or stats.accepted == 0:
-        return None
-    return stats.speedup
-
-
 def speedup_text(stats: GenerationStats) -> str:
-    if stats.drafter == "none":
-        return "none (target alone)"
-    if stats.drafted == 0:
-        return "none: nothing was drafted"
-    if stats.accepted == 0:
-        return "none: no draft token was accepted"
-    speedup = speedup_estimate(stats)
-    if speedup is None:
-        return "not estimated yet"
-    verdict = "faster" if speedup >= 1 else "slower"
-    if stats.speedup_is_estimate:
-        return f"≈ ×{speedup:.2f} ({verdict}, estimate)"
-    return f"×{speedup:.2f} ({verdict}, measured in this reply)"
+    """The speed-up in the panel's words; the footer and the Markdown export say the same."""
+    verdict = stats.verdict
+    if verdict in ("faster", "slower"):
+        if stats.speedup_is_estimate:
+            return f"≈ ×{stats.speedup:.2f} ({verdict}, estimate)"
+        return f"×{stats.speedup:.2f} ({verdict}, measured in this reply)"
+    return {
+        "target alone": "none (target alone)",
+        "plain": "none: decoded plainly, nothing was drafted",
+        "none accepted": "none: no draft token was accepted",
+    }.get(verdict, "not estimated yet")
 
 
 def format_stats(stats: GenerationStats) -> dict[str, str]:
@@ -141,11 +135,16 @@ def empty_stats(drafter: str | None) -> dict[str, str]:
 
 
 def notice(stats: GenerationStats) -> str:
-    """The one notice for a reply: the fallback to plain decoding said once, then any other note."""
+    """The one notice for a reply: how drafting gave way to plain steps, said once and in agreement
+    with the speed-up (GenerationStats.verdict), then any other note of the engine."""
     sentences = [part for part in _SENTENCE_END.split((stats.note or "").strip()) if part]
     if stats.fallback_to_plain:
         sentences = [part for part in sentences if not _FALLBACK_WORDS.search(part)]
-    parts = [PLAIN_NOTICE] if stats.fallback_to_plain else []
+    parts = []
+    if stats.fallback_to_plain and stats.verdict == "plain":
+        parts.append(PLAIN_NOTICE)
+    elif stats.fallback_to_plain:
+        parts.append(PARTLY_PLAIN_NOTICE.format(plain=stats.plain_steps, rounds=stats.rounds))
     if sentences:
         parts.append(" ".join(sentences))
     return "\n".join(parts)
@@ -162,12 +161,10 @@ def footer_line(stats: GenerationStats | dict) -> str:
         parts.append(f"{speed:.1f} tok/s")
     if stats.acceptance_rate is not None:
         parts.append(f"{stats.acceptance_rate:.0%} accepted")
-    speedup = speedup_estimate(stats)
-    if speedup is not None and "speedup" not in stats.unreported:
-        if stats.speedup_is_estimate:
-            parts.append(f"≈ ×{speedup:.2f} vs target alone (estimate)")
-        else:
-            parts.append(f"×{speedup:.2f} vs target alone (measured in this reply)")
+    if stats.verdict in ("faster", "slower"):
+        parts.append(speedup_text(stats).replace(" (", " vs target alone (", 1))
+    elif stats.verdict == "plain":
+        parts.append("decoded plainly")
     if stats.drafter:
         parts.append("automatic drafter" if stats.drafter == "auto" else describe_drafter(stats.drafter))
     return " · ".join(parts)

@@ -1,107 +1,173 @@
-"""Loading models and applying settings: the part of the main window that talks to the loader.
+"""The window's loading controller: which models answer, loading new ones, applying settings.
 
-A mixin of MainWindow (app/main_window.py); it uses the window's bridge, labels and stats panel.
+It owns the loads. A load runs on the bridge's loader thread while the engine that answers keeps
+answering (app/bridge.py); its progress shows in the status bar (app/load_progress.py), never in a
+dialog. Settings that need no model (drafter, K, trees, sampling, stop strings) reach the engine at
+its next reply at once; only another target, backend or draft model loads anything (AppConfig.needs_load).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 from app.bridge import EngineInfo, LoadRequest
 from app.config import AppConfig
-from app.qt import Qt, QtWidgets, Slot
+from app.load_progress import LoadProgress, StageClock
+from app.qt import QObject, Qt, QTimer, QtWidgets, Signal, Slot
 
 
-class ModelLoading:
-    # --- models ---------------------------------------------------------------------------------
+class LoadingController(QObject):
+    """Bound to one MainWindow: its bridge, store, config and status bar."""
 
-    def load_models(self) -> None:
-        self.activity_label.setText("Loading models…")
-        self.progress_dialog = QtWidgets.QProgressDialog("Loading models…", "Cancel", 0, 0, self)
-        self.progress_dialog.setWindowTitle("Tandem")
-        self.progress_dialog.setMinimumDuration(400)
-        self.progress_dialog.setAutoClose(False)
-        self.progress_dialog.setAutoReset(False)
-        self.progress_dialog.canceled.connect(self.bridge.cancel_load)
-        self.bridge.load(LoadRequest.from_config(self.config))
-        self._update_controls()
+    loaded = Signal(object)  # EngineInfo: a new engine answers from now on
+    unavailable = Signal(str)  # a load failed or was cancelled: why, in words
+    config_applied = Signal(object)  # the AppConfig now in effect
 
-    def _close_progress(self) -> None:
-        if self.progress_dialog is not None:
-            self.progress_dialog.canceled.disconnect(self.bridge.cancel_load)
-            self.progress_dialog.close()
-            self.progress_dialog.deleteLater()
-            self.progress_dialog = None
+    def __init__(self, window):
+        super().__init__(window)
+        self.window = window
+        self.bridge = window.bridge
+        self.serving: AppConfig | None = None  # the config whose models answer
+        self.wanted: AppConfig | None = None  # the config of the load under way, or of the last one
+        self.progress = LoadProgress(window)
+        self._optimize_clock = StageClock()
+        self._optimize_timer = QTimer(self)  # the optimization's elapsed time moves between its reports
+        self._optimize_timer.setInterval(1000)
+        self._optimize_timer.timeout.connect(self._show_optimizing)
+        self.progress.cancel_requested.connect(self.cancel)
+        self.bridge.load_progress.connect(self._on_progress)
+        self.bridge.load_failed.connect(self._on_load_failed)
+        self.bridge.load_cancelled.connect(self._on_load_cancelled)
+        self.bridge.worker.loaded.connect(self._on_loaded)
+        self.bridge.loader.optimizing.connect(self._on_optimizing)
+        self.bridge.loader.optimized.connect(self._on_optimized)
 
-    @Slot(str, int, int)
-    def _on_progress(self, stage: str, done: int, total: int) -> None:
-        self.activity_label.setText(stage + "…")
-        if self.progress_dialog is not None:
-            self.progress_dialog.setLabelText(stage + "…")
-            self.progress_dialog.setMaximum(max(total, 0))
-            self.progress_dialog.setValue(min(done, total) if total > 0 else 0)
+    @property
+    def busy(self) -> bool:
+        """A load is under way."""
+        return self.bridge.loading
 
-    def connect_optimizing(self, worker) -> None:
-        """The engine's background optimization (ChatEngine.optimize_in_background), in the status bar."""
-        worker.optimizing.connect(self._on_optimizing)
-        worker.optimized.connect(self._on_optimized)
+    # --- loads -----------------------------------------------------------------------------------
 
-    @Slot(str, int, int)
-    def _on_optimizing(self, stage: str, done: int, total: int) -> None:
-        text = stage[:1].upper() + stage[1:]
-        self.optimize_label.setText(f"{text}… {done}/{total}" if total > 0 else f"{text}…")
-
-    @Slot(str)
-    def _on_optimized(self, message: str) -> None:
-        self.optimize_label.setText("")
-        self.statusBar().showMessage(message, 15000)
-        tip = self.models_label.toolTip()
-        self.models_label.setToolTip("\n".join(filter(None, [tip, message])))
-
-    @Slot(object)
-    def _on_loaded(self, info: EngineInfo) -> None:
-        self._close_progress()
-        draft = info.draft or "none"
-        if info.quantization != "none":
-            draft += f" ({info.quantization})"
-        self.models_label.setText(f"Target: {info.target}   Draft: {draft}   Device: {info.device}")
-        self.models_label.setToolTip("\n".join(info.notices))
-        self.stats_panel.set_drafter(_drafter_of(info, self.config))
-        self.activity_label.setText("Ready")
-        self.config.save_working(self.store)  # the fallback if a later choice fails to load
-        self._update_controls()
-        self.models_loaded.emit(info)
-
-    @Slot(str, str)
-    def _on_load_failed(self, message: str, details: str) -> None:
-        from app.load_recovery import show_load_failure
-
-        self._close_progress()
-        self._update_controls()
-        show_load_failure(self, message, details)  # the models still loaded keep answering
+    def load(self) -> None:
+        """Load the models of the window's config beside the engine that answers (if any)."""
+        window = self.window
+        self.wanted = window.config
+        self.bridge.load(LoadRequest.from_config(window.config))
+        self.progress.start("Loading models")
+        if self.bridge.info is None:
+            window.activity_label.setText("Loading models… you can type meanwhile")
+        else:
+            window.activity_label.setText(f"Loading models… {self.bridge.info.target} answers meanwhile")
+        window.update_controls()
 
     @Slot()
-    def _on_load_cancelled(self) -> None:
-        self._close_progress()
-        self.activity_label.setText("Loading cancelled — open Settings (Ctrl+,) to load models")
-        self._update_controls()
+    def cancel(self) -> None:
+        self.bridge.cancel_load()
+
+    def switch_target(self, spec: str) -> None:
+        """The chat's model switcher: another target; a draft that was a copy of the old one follows."""
+        config = self.window.config
+        if spec == config.target:
+            return
+        draft = spec if config.draft == config.target else config.draft
+        self.apply_config(dataclasses.replace(config, target=spec, draft=draft))
+
+    @Slot(object)
+    def apply_config(self, config: AppConfig) -> None:
+        """Settings take effect at once; a load only when the models themselves changed."""
+        window = self.window
+        window.config = config
+        window.write("save the settings", lambda: config.save(window.store))
+        if self.bridge.info is not None:  # the engine that answers takes the new settings at its next reply
+            self.bridge.apply_settings(config.speculation(), config.sampling())
+        if config.needs_load(self.wanted if self.busy else self.serving):
+            self.load()
+        self.config_applied.emit(config)
 
     @Slot()
     def open_settings(self) -> None:
         from app.settings_dialog import SettingsDialog
 
-        dialog = SettingsDialog(self.config, self.store, self)
+        dialog = SettingsDialog(self.window.config, self.window.store, self.window)
         dialog.applied.connect(self.apply_config)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
 
+    # --- what the loader reports -----------------------------------------------------------------
+
+    @Slot(str, int, int)
+    def _on_progress(self, stage: str, done: int, total: int) -> None:
+        self.progress.show_progress(stage, done, total)
+
     @Slot(object)
-    def apply_config(self, config: AppConfig) -> None:
-        """Settings take effect at once: a reload only when the models themselves changed."""
-        old, self.config = self.config, config
-        config.save(self.store)
-        if old.models_changed(config) or self.bridge.info is None:
-            self.load_models()
-        else:
-            self.bridge.apply_settings(config.speculation(), config.sampling())
+    def _on_loaded(self, info: EngineInfo) -> None:
+        window = self.window
+        if not self.busy:
+            self.progress.finish()
+        self.serving = self.wanted or window.config
+        draft = info.draft or "none"
+        if info.quantization != "none":
+            draft += f" ({info.quantization})"
+        window.models_label.setText(f"Target: {info.target}   Draft: {draft}   Device: {info.device}")
+        window.models_label.setToolTip("\n".join(info.notices))
+        window.stats_panel.set_drafter(_drafter_of(info, window.config))
+        window.activity_label.setText("Ready")
+        # the fallback if a later choice fails to load: what loaded, with the settings chosen since
+        working = window.config.with_models_of(self.serving)
+        window.write("remember the working settings", lambda: working.save_working(window.store))
+        # settings changed while it loaded reach the new engine before its first reply
+        self.bridge.apply_settings(window.config.speculation(), window.config.sampling())
+        window.update_controls()
+        self.loaded.emit(info)
+
+    @Slot(str, str)
+    def _on_load_failed(self, message: str, details: str) -> None:
+        from app.load_recovery import show_load_failure
+
+        self.progress.finish()
+        self.wanted = self.serving
+        self.unavailable.emit("The models did not load.")
+        self.window.update_controls()
+        show_load_failure(self.window, message, details)  # the models still loaded keep answering
+        self.config_applied.emit(self.window.config)
+
+    @Slot()
+    def _on_load_cancelled(self) -> None:
+        window = self.window
+        self.progress.finish()
+        self.wanted = self.serving
+        if self.serving is None:
+            window.activity_label.setText("Loading cancelled — open Settings (Ctrl+,) to load models")
+        else:  # the settings go back to the models that answer, so the next start loads those
+            window.config = window.config.with_models_of(self.serving)
+            window.write("save the settings", lambda: window.config.save(window.store))
+            window.activity_label.setText(f"Loading cancelled — still using {self.bridge.info.target}")
+        self.unavailable.emit("Loading was cancelled.")
+        window.update_controls()
+        self.config_applied.emit(window.config)
+
+    @Slot(str, int, int)
+    def _on_optimizing(self, stage: str, done: int, total: int) -> None:
+        """The engine's background optimization (ChatEngine.optimize_in_background), with its counts
+        and the time left where they allow an estimate."""
+        self._optimize_clock.update(stage[:1].upper() + stage[1:], done, total, time.monotonic())
+        self._show_optimizing()
+        self._optimize_timer.start()
+
+    @Slot()
+    def _show_optimizing(self) -> None:
+        self.window.optimize_label.setText(self._optimize_clock.text(time.monotonic()))
+
+    @Slot(str)
+    def _on_optimized(self, message: str) -> None:
+        window = self.window
+        self._optimize_timer.stop()
+        window.optimize_label.setText("")
+        window.statusBar().showMessage(message, 15000)
+        tip = window.models_label.toolTip()
+        window.models_label.setToolTip("\n".join(filter(None, [tip, message])))
 
 
 def optimize_label(parent) -> QtWidgets.QLabel:
@@ -116,3 +182,6 @@ def _drafter_of(info: EngineInfo, config: AppConfig) -> str:
     if config.drafter == "model" and info.draft:
         return "model:" + info.draft
     return config.drafter or "none"
+
+
+__all__ = ["LoadingController", "optimize_label"]

@@ -80,6 +80,14 @@ def build_menus(window) -> None:
     colour.toggled.connect(window.chat_view.set_coloured)
     window.chat_view.colouring_changed.connect(colour.setChecked)
     window.colour_action = colour
+    side = view.addAction("Stats and sampling panel")
+    side.setCheckable(True)
+    side.setChecked(True)
+    side.setShortcut(QtGui.QKeySequence("Ctrl+Shift+S"))
+    side.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+    side.toggled.connect(window.set_side_panel_visible)
+    window.addAction(side)
+    window.side_panel_action = side
 
     help_menu = window.menuBar().addMenu("&Help")
     help_menu.addAction(window.help_action)

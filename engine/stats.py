@@ -105,6 +105,24 @@ class GenerationStats:
             return None
         return baseline * self.generated_tokens / self.decode_time_s
 
+    @property
+    def verdict(self) -> str:
+        """The one rule for what a reply says about drafting; every view (the panel, the footer, an
+        export) words this and nothing else: "target alone" (no drafter), "plain" (nothing drafted),
+        "none accepted" (drafts, none kept), "faster" / "slower" (`speedup` from 1 up / below 1), or
+        "unmeasured" (no baseline, or a server that did not report it). A reply that drafted in some
+        rounds and fell back to plain steps in others is judged by its speed-up over the whole reply."""
+        if self.drafter == "none":
+            return "target alone"
+        if self.drafted == 0:
+            return "plain"
+        if self.accepted == 0:
+            return "none accepted"
+        speedup = self.speedup
+        if speedup is None or "speedup" in self.unreported:
+            return "unmeasured"
+        return "faster" if speedup >= 1 else "slower"
+
     def speedup_text(self) -> str:
         """e.g. "×1.42 (estimate)": the label for the panel and the footer alike."""
         speedup = self.speedup
@@ -137,6 +155,7 @@ class GenerationStats:
             decode_tokens_per_s=self.decode_tokens_per_s,
             speedup=self.speedup,
             speedup_is_estimate=self.speedup_is_estimate,
+            verdict=self.verdict,
             baseline_step_s=self.baseline_step_s,
             drafter_rounds=self.drafter_rounds,
             per_position_acceptance=self.per_position_acceptance(),

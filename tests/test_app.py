@@ -61,6 +61,7 @@ class ScriptedEngine:
         self.calls.append(messages)
         self.thread_names.append(threading.current_thread().name)
         stats = GenerationStats(drafter="model:scripted", k_mode="adaptive", current_k=3)
+        stats.prompt_tokens = sum(len(m["content"].split()) for m in messages)  # one token a word, here
         started = time.perf_counter()
         text, ids, reason = "", [], "eos"
         for index, token in enumerate(self.tokens):
@@ -115,8 +116,11 @@ def store(tmp_path):
     store.close()
 
 
-def open_window(qtbot, store, engine, calls=None) -> MainWindow:
-    window = MainWindow(store, AppConfig(), engine_factory=factory_for(engine, calls))
+def open_window(qtbot, store, engine, calls=None, config: AppConfig | None = None) -> MainWindow:
+    # Titles written by the model are tested on their own (test_app_chat.py); elsewhere each first
+    # exchange would add a title request to the engine's calls.
+    config = config or AppConfig(auto_titles=False)
+    window = MainWindow(store, config, engine_factory=factory_for(engine, calls))
     qtbot.addWidget(window)
     window.show()
     with qtbot.waitSignal(window.models_loaded, timeout=5000):
@@ -280,6 +284,7 @@ def test_load_failure_and_cancel_are_reported_not_raised(qtbot, store):
     qtbot.waitUntil(lambda: window.activity_label.text() == "Loading failed", timeout=5000)
     box = next(w for w in QtWidgets.QApplication.topLevelWidgets() if isinstance(w, QtWidgets.QMessageBox))
     assert box.text() == "No model at 'nowhere'." and "ModelNotFoundError" in box.detailedText()
+    assert not box.isModal()  # the window stays usable behind it
     assert window.bridge.info is None
     window.message_edit.setPlainText("hello")
     window.send()
@@ -296,10 +301,12 @@ def test_load_failure_and_cancel_are_reported_not_raised(qtbot, store):
     window2 = MainWindow(store, AppConfig(), engine_factory=slow)
     qtbot.addWidget(window2)
     window2.load_models()
-    qtbot.waitUntil(lambda: "Stage one" in window2.activity_label.text(), timeout=3000)
-    window2.progress_dialog.canceled.emit()  # what its Cancel button does
+    progress = window2.loading.progress  # in the status bar, not a dialog
+    qtbot.waitUntil(lambda: "Stage one" in progress.text(), timeout=3000)
+    assert not [d for d in window2.findChildren(QtWidgets.QDialog) if d.isVisible()]
+    progress.cancel_button.click()
     gate.set()
-    qtbot.waitUntil(lambda: window2.progress_dialog is None, timeout=3000)
+    qtbot.waitUntil(lambda: progress.isHidden(), timeout=3000)
     assert window2.bridge.info is None and "cancelled" in window2.activity_label.text()
 
 
@@ -381,16 +388,33 @@ def test_settings_apply_without_restart(qtbot, store):
     calls: list = []
     window = open_window(qtbot, store, engine, calls)
     assert len(calls) == 1
-    changed = AppConfig(k_mode="fixed", k=5, temperature=0.7)
+    changed = AppConfig(k_mode="fixed", k=5, temperature=0.7, auto_titles=False)
     window.apply_config(changed)
     send(qtbot, window, "hi")
     assert len(calls) == 1, "sampling and K changes must not reload models"
     assert engine.speculation.k == 5 and engine.sampling.temperature == 0.7
     assert AppConfig.load(store).k == 5
 
-    with qtbot.waitSignal(window.models_loaded, timeout=5000):
-        window.apply_config(AppConfig(k_mode="fixed", k=5, temperature=0.7, drafter="ngram"))
-    assert len(calls) == 2 and calls[-1].drafter == "ngram"
+    window.apply_config(
+        AppConfig(k_mode="fixed", k=5, temperature=0.7, target="/models/other", auto_titles=False)
+    )
+    qtbot.waitUntil(lambda: len(calls) == 2, timeout=5000)
+    assert calls[-1].target == "/models/other", "another target loads"
+
+
+def test_a_drafter_change_applies_at_the_next_reply_without_a_load(qtbot, store):
+    """auto -> n-gram -> auto: the engine reads the drafter at every reply; the draft model stays loaded."""
+    engine = ScriptedEngine(["ok"])
+    calls: list = []
+    window = open_window(qtbot, store, engine, calls)
+    assert window.config.drafter == "auto" and len(calls) == 1
+    window.apply_config(AppConfig(drafter="ngram", auto_titles=False))
+    send(qtbot, window, "hi")
+    assert engine.speculation.drafter == "ngram"
+    window.apply_config(AppConfig(drafter="auto", auto_titles=False))
+    send(qtbot, window, "again")
+    assert engine.speculation.drafter == "auto"
+    assert len(calls) == 1, "a drafter change must not load models"
 
 
 def test_shortcuts_and_layout_persist_in_store(qtbot, store):
@@ -518,7 +542,7 @@ def test_ctrl_comma_opens_settings_and_applied_reaches_the_engine(qtbot, store):
     qtbot.keyClick(window, Qt.Key.Key_Comma, Qt.KeyboardModifier.ControlModifier)
     dialog = window.findChild(SettingsDialog)
     assert dialog is not None and dialog.isVisible()
-    dialog.applied.emit(AppConfig(k_mode="fixed", k=3))
+    dialog.applied.emit(AppConfig(k_mode="fixed", k=3, auto_titles=False))
     dialog.close()
     send(qtbot, window, "hi")
     assert engine.speculation.k == 3
@@ -529,9 +553,9 @@ def test_the_engines_background_build_may_outlive_the_window(qtbot):
     the worker) is gone first, its report must go nowhere instead of raising in that thread."""
     import shiboken6
 
-    from app.bridge import EngineWorker, _emit_while_alive
+    from app.bridge import LoaderWorker, _emit_while_alive
 
-    worker = EngineWorker(factory=None)
+    worker = LoaderWorker(factory=None)
     heard: list[str] = []
     worker.optimized.connect(heard.append)
     report = _emit_while_alive(worker.optimized)

@@ -21,16 +21,22 @@ def store(tmp_path):
 
 
 def start(qtbot, store) -> tuple[MainWindow, list[str]]:
-    """Open the window and load the built-in pair; returns the window and the states it showed."""
-    window = MainWindow(store, AppConfig(drafter="ngram", max_new_tokens=4))
+    """Open the window and load the built-in pair; returns the window and the states it showed: the
+    stages of the load in the status bar's progress, then the activity ("Ready")."""
+    window = MainWindow(store, AppConfig(drafter="ngram", max_new_tokens=4, auto_titles=False))
     qtbot.addWidget(window)
     shown: list[str] = []
-    original = window.activity_label.setText
+    show_progress, set_activity = window.loading.progress.show_progress, window.activity_label.setText
+
+    def record_stage(stage: str, done: int, total: int) -> None:
+        shown.append(stage + "…")
+        show_progress(stage, done, total)
 
     def record(text: str) -> None:
         shown.append(text)
-        original(text)
+        set_activity(text)
 
+    window.loading.progress.show_progress = record_stage
     window.activity_label.setText = record
     with qtbot.waitSignal(window.models_loaded, timeout=LOAD_TIMEOUT_MS):
         window.load_models()
@@ -51,6 +57,13 @@ def test_the_first_start_measures_before_ready_and_a_restart_does_not(qtbot, sto
     second, shown_again = start(qtbot, store)  # a restart on the same machine and model
     assert "Measuring this machine…" not in shown_again
     assert shown_again[-1] == "Ready"
+    # one context figure: the model's, in the chat's meter and in Settings' memory line alike
+    from engine.models import probes
+
+    limit = second.bridge.info.context_length
+    assert limit and second.header.context_text().endswith(f"/ {limit:,} tokens")
+    memory = probes.memory_line(second.config.target, None)
+    assert f"at {limit:,} tokens of context" in memory, memory
     second.message_edit.setPlainText("Hi")
     with qtbot.waitSignal(second.reply_finished, timeout=LOAD_TIMEOUT_MS) as finished:
         second.send()

@@ -209,7 +209,8 @@ def test_stats_line_and_dark_palette(view):
     }
     line = footer_line(stats)
     assert (
-        line == "10 tokens · 20.0 tok/s · 50% accepted · ≈ ×1.50 vs target alone (estimate) · n-gram lookup"
+        line
+        == "10 tokens · 20.0 tok/s · 50% accepted · ≈ ×1.50 vs target alone (faster, estimate) · n-gram lookup"
     )
     view.set_messages([ViewMessage(1, "assistant", "```python\nx = 1\n```")])
     palette = QtGui.QPalette()

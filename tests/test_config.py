@@ -102,16 +102,33 @@ def test_from_dict_drops_values_of_the_wrong_type():
     assert config.seed is None
 
 
-def test_models_changed_only_for_what_needs_a_reload():
-    base = AppConfig()
-    assert not base.models_changed(dataclasses.replace(base, temperature=1.0, k_mode="fixed", k=2))
-    assert base.models_changed(dataclasses.replace(base, target="/models/other"))
-    assert base.models_changed(dataclasses.replace(base, device="cpu"))
-    assert base.models_changed(dataclasses.replace(base, draft_quantization="int4"))
-    assert base.models_changed(dataclasses.replace(base, drafter="ngram"))  # the draft model is dropped
+def test_only_a_change_of_model_needs_a_load():
+    base = AppConfig()  # drafter auto: the draft model is loaded
+    assert not dataclasses.replace(base, temperature=1.0, k_mode="fixed", k=2).needs_load(base)
+    assert dataclasses.replace(base, target="/models/other").needs_load(base)
+    assert dataclasses.replace(base, device="cpu").needs_load(base)
+    assert dataclasses.replace(base, draft_quantization="int4").needs_load(base)
+    assert base.needs_load(None)
+    # the drafter alone: the loaded draft model stays for a switch back, and nothing loads
     ngram = dataclasses.replace(base, drafter="ngram")
-    assert not ngram.models_changed(dataclasses.replace(ngram, drafter="none", draft_quantization="int4"))
+    assert not ngram.needs_load(base)
+    assert not dataclasses.replace(base, drafter="model").needs_load(base)  # what was loaded is compared
+    assert not dataclasses.replace(ngram, drafter="none", draft_quantization="int4").needs_load(ngram)
     assert not ngram.target_changed(base)
+    # a drafter that needs a draft model, where none was loaded for it: that model loads
+    assert base.needs_load(ngram)
+
+
+def test_with_models_of_keeps_sampling_and_takes_the_models():
+    mine = AppConfig(temperature=0.7, drafter="ngram")
+    other = AppConfig(target="/models/x", draft="/models/y", temperature=0.1)
+    mixed = mine.with_models_of(other)
+    assert (mixed.target, mixed.draft, mixed.temperature, mixed.drafter) == (
+        "/models/x",
+        "/models/y",
+        0.7,
+        "ngram",
+    )
 
 
 def test_save_and_load_through_the_store(store):

@@ -40,3 +40,16 @@ def test_per_round_drafter_counts_and_derived_figures():
     assert (
         GenerationStats(**{k: v for k, v in data.items() if k in GenerationStats.__dataclass_fields__}) == s
     )
+
+
+def test_one_verdict_for_faster_slower_and_plain():
+    """A reply that drafted in some rounds and then stepped plainly is judged by its speed-up, never
+    called "decoded plainly"; only a reply that drafted nothing is."""
+    partly = stats(drafter="auto", rounds=18, drafted=20, accepted=14, fallback_to_plain=True)
+    partly.plain_steps, partly.plain_step_time_s = 10, 1.0  # 10 of its 18 rounds were plain steps
+    assert partly.verdict == "faster" and partly.to_dict()["verdict"] == "faster"
+    assert stats(drafter="auto", drafted=0, fallback_to_plain=True).verdict == "plain"
+    assert stats(drafter="none").verdict == "target alone"
+    assert stats(drafter="ngram", drafted=5, accepted=0).verdict == "none accepted"
+    assert stats(drafter="ngram", drafted=5, accepted=2, total_time_s=30.0).verdict == "slower"
+    assert stats(drafter="ngram", drafted=5, accepted=2, target_step_time_s=None).verdict == "unmeasured"

@@ -110,3 +110,12 @@ def test_draft_on_cpu_is_counted_against_ram():
 
 def test_free_memory_is_read():
     assert available_memory_bytes("cpu") > 0
+
+
+def test_the_estimate_is_at_the_context_the_engine_gives_the_target():
+    """One context figure: the memory line counts the KV cache the runner allocates, not a guess."""
+    from engine.models.memory import cache_tokens_for
+
+    estimate = estimate_memory(QWEN_7B, QWEN_05B, device="cpu", available={"cpu": 64 * GIB})
+    assert estimate.context_length == cache_tokens_for(QWEN_7B)
+    assert f"{cache_tokens_for(QWEN_7B):,} tokens of context" in estimate.summary

@@ -157,3 +157,36 @@ def test_chat_models_opens_the_manager_from_the_window(qtbot, tmp_path):
         assert dialog is not None and dialog.isVisible()
         dialog.done(0)
         window.close()
+
+
+def test_names_and_paths_are_never_cut_short(qtbot, manager):
+    """Every cell is as wide as its text: a model's name and its folder show whole."""
+    from app.qt import QtWidgets
+
+    qtbot.waitUntil(
+        lambda: all(row[1] != "Estimating…" for row in table_rows(manager.pairs_table)), timeout=TIMEOUT_MS
+    )
+    for table in (manager.installed_table, manager.pairs_table):
+        option = QtWidgets.QStyleOptionViewItem()
+        option.initFrom(table)
+        for row in range(table.rowCount()):
+            for column in range(table.columnCount()):
+                index = table.model().index(row, column)
+                needed = table.itemDelegate().sizeHint(option, index).width()
+                assert table.columnWidth(column) >= needed, (
+                    table.item(row, column).text(),
+                    table.columnWidth(column),
+                )
+
+
+def test_a_pair_on_disk_gets_the_memory_line_settings_shows(qtbot, manager):
+    """One function for both sizes: the manager's line for the built-in pair is Settings' line for it."""
+    from engine.models import probes
+
+    pairs = manage.suggested_pairs()
+    row = next(i for i, pair in enumerate(pairs) if pair.target.startswith("builtin:"))
+    qtbot.waitUntil(lambda: manager.pairs_table.item(row, 1).text() != "Estimating…", timeout=TIMEOUT_MS)
+    pair = pairs[row]
+    settings_line = probes.memory_line(pair.target, pair.draft, draft_quantization=pair.draft_quantization)
+    shown = manager.pairs_table.item(row, 1).text()
+    assert shown.split(" (")[0] == settings_line.split(" (")[0]  # the free memory moves between the two

@@ -304,7 +304,7 @@ def test_the_target_precision_is_a_choice_that_reaches_the_load_request(qtbot, o
     config = dialog.config()
     assert config.target_precision == "int8"
     assert LoadRequest.from_config(config).target_precision == "int8"
-    assert AppConfig(drafter="ngram").models_changed(config)  # a new precision reloads the target
+    assert config.needs_load(AppConfig(drafter="ngram"))  # a new precision reloads the target
     qtbot.waitUntil(lambda: "not identical" in dialog.precision_note.text(), timeout=PROBE_TIMEOUT_MS)
     dialog.precision_combo.setCurrentIndex(dialog.precision_combo.findData("default"))
     assert dialog.precision_note.text() == ""
@@ -341,3 +341,42 @@ def test_token_trees_can_be_turned_off_and_reach_the_engine_settings(open_dialog
     config = dialog.config()
     assert config.trees is False and config.speculation().trees is False
     assert open_dialog(config).w.trees_box.isChecked() is False
+
+
+def wheel(widget, steps: int = -1) -> None:
+    """One notch of the mouse wheel over the middle of `widget` (negative: towards the user)."""
+    from app.qt import QtCore, QtGui, QtWidgets
+
+    centre = QtCore.QPointF(widget.rect().center())
+    event = QtGui.QWheelEvent(
+        centre,
+        QtCore.QPointF(widget.mapToGlobal(centre.toPoint())),
+        QtCore.QPoint(0, 0),
+        QtCore.QPoint(0, 120 * steps),
+        QtCore.Qt.MouseButton.NoButton,
+        QtCore.Qt.KeyboardModifier.NoModifier,
+        QtCore.Qt.ScrollPhase.NoScrollPhase,
+        False,
+    )
+    QtWidgets.QApplication.sendEvent(widget, event)
+
+
+@pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
+def test_the_wheel_over_an_unfocused_field_changes_nothing(qtbot, open_dialog):
+    """The mouse wheel over Settings changed "Draft quantization" from Auto to INT4 instead of scrolling."""
+    dialog = open_dialog(AppConfig())
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    fields = [dialog.quantization_combo, dialog.precision_combo, dialog.k_spin, dialog.temperature_spin]
+    before = [field.currentIndex() if hasattr(field, "currentIndex") else field.value() for field in fields]
+    dialog.apply_button.setFocus()
+    for field in fields:
+        field.setEnabled(True)
+        wheel(field)
+    after = [field.currentIndex() if hasattr(field, "currentIndex") else field.value() for field in fields]
+    assert after == before
+    # once the user clicks into it (it has the focus), the wheel changes it, as it should
+    dialog.quantization_combo.setFocus()
+    qtbot.waitUntil(dialog.quantization_combo.hasFocus, timeout=2000)
+    wheel(dialog.quantization_combo)
+    assert dialog.quantization_combo.currentIndex() != before[0]

@@ -72,7 +72,7 @@ def test_measured_speedup_above_one_reads_faster(panel):
 
 
 def test_fallback_to_plain_decoding_is_one_notice_in_one_wording(panel):
-    stats = round_stats()
+    stats = GenerationStats(drafter="auto", generated_tokens=30, rounds=30, plain_steps=30, total_time_s=3.0)
     stats.fallback_to_plain = True
     stats.note = (
         "No draft model is loaded, so drafting uses n-gram lookup. Speculation measured slower than the "
@@ -85,6 +85,23 @@ def test_fallback_to_plain_decoding_is_one_notice_in_one_wording(panel):
     panel.update_stats(stats)
     assert panel.note_text() == PLAIN_NOTICE
     assert panel.value_text("k") == "—"
+    assert "decoded plainly" in panel.value_text("speedup") and "decoded plainly" in footer_line(stats)
+
+
+def test_a_reply_that_drafted_then_stepped_plainly_is_never_called_plain(panel):
+    """One panel showed "×1.43 faster" beside "…so this reply was decoded plainly" while 8 of its 18
+    rounds drafted: the notice and the figure must come from one rule and agree."""
+    stats = GenerationStats(drafter="auto", rounds=18, drafted=20, accepted=14, generated_tokens=40)
+    stats.plain_steps, stats.plain_step_time_s = 10, 1.0  # 0.1 s per plain step, in this reply
+    stats.prefill_time_s, stats.total_time_s = 0.2, 3.0
+    stats.fallback_to_plain = True
+    stats.note = "Speculation measured slower than the target alone here; decoding plainly."
+    panel.update_stats(stats)
+    assert stats.verdict == "faster"
+    assert panel.value_text("speedup") == f"×{stats.speedup:.2f} (faster, measured in this reply)"
+    assert "decoded plainly" not in panel.note_text() and "slower" not in panel.note_text()
+    assert "10 of these 18 rounds" in panel.note_text()
+    assert f"×{stats.speedup:.2f} vs target alone (faster, measured in this reply)" in footer_line(stats)
 
 
 def test_speedup_measured_in_the_reply_is_not_called_an_estimate(panel):

@@ -87,3 +87,51 @@ def test_generation_ends_before_a_stop_string_and_never_streams_it(make_tiny, dr
     assert stopped.reason == "stop"
     assert stopped.text == full.text[:cut] == streamed
     assert list(stopped.token_ids) == list(full.token_ids[: len(stopped.token_ids)])
+
+
+@pytest.mark.parametrize("end", ["eos", "stop"])
+def test_counts_stop_at_the_replys_end_and_match_the_spans(make_tiny, end):
+    """A reply that ends inside a round (its end token or a stop string among the accepted drafts)
+    counts only the tokens it keeps: one span per token, and as many "draft" spans as accepted."""
+    from engine.decoding.drafters import ModelDrafter
+    from engine.decoding.speculative import generate
+    from engine.events import TextPiece
+    from engine.runtime.eager import ModelRunner
+    from engine.settings import SamplingSettings, SpeculationSettings
+
+    target = make_tiny(seed=0)
+    prompt_ids = target.tokenizer("The cat sat on the mat.", add_special_tokens=False).input_ids
+    vocab = target.model.config.vocab_size
+
+    def run(eos=None, stop=()):
+        spans: list = []
+        drafter = ModelDrafter(ModelRunner(target.model), vocab, "self")  # the same model: all accepted
+        finished = generate(
+            ModelRunner(target.model),
+            drafter,
+            prompt_ids,
+            SamplingSettings(max_new_tokens=24, stop=stop),
+            SpeculationSettings(k=4),
+            eos if eos is not None else target.eos_token_ids,
+            target.tokenizer,
+            lambda event: spans.extend(event.spans) if isinstance(event, TextPiece) else None,
+        )
+        return finished, spans
+
+    full, _ = run()
+    ids = list(full.token_ids)
+    # rounds of 4 accepted drafts and a bonus token follow the first token: ids[1:6], ids[6:11], ...
+    cut = next(i for i in range(7, 10) if ids[i] not in ids[:i])  # mid-round, first of its kind
+    if end == "eos":
+        finished, spans = run(eos={ids[cut]})
+    else:
+        text = target.tokenizer.decode(ids[cut : cut + 1])
+        if not text.strip() or text in target.tokenizer.decode(ids[:cut]):
+            pytest.skip("that token's text is not a usable stop string")
+        finished, spans = run(stop=(text,))
+    stats = finished.stats
+    assert len(finished.token_ids) < len(ids)
+    assert len(spans) == stats.generated_tokens == len(finished.token_ids)
+    assert sum(span.provenance == "draft" for span in spans) == stats.accepted
+    assert 1 + sum(stats.accepted_lengths) == stats.generated_tokens
+    assert stats.accepted <= stats.drafted

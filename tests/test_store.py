@@ -599,3 +599,30 @@ def test_a_folder_is_refused_and_never_offered_to_be_moved_aside(tmp_path):
         Store(tmp_path)
     assert not isinstance(info.value, CorruptDatabaseError)
     assert tmp_path.is_dir()
+
+
+def test_markdown_export_keeps_the_basis_of_the_speedup(store, tmp_path):
+    """The export words the speed-up as the app does: an estimate says so, and so does a measurement."""
+    from engine.stats import MIN_PLAIN_STEPS, GenerationStats
+
+    cid = _chat(store)
+    common = dict(
+        drafter="ngram",
+        drafted=10,
+        accepted=6,
+        generated_tokens=40,
+        total_time_s=3.0,
+        prefill_time_s=1.0,
+        target_step_time_s=0.1,
+    )
+    estimate = GenerationStats(**common).to_dict()
+    measured = GenerationStats(
+        **common, plain_steps=MIN_PLAIN_STEPS, plain_step_time_s=MIN_PLAIN_STEPS * 0.08
+    ).to_dict()
+    for record in (estimate, measured):
+        store.finish_message(store.begin_assistant(cid), text="reply", stats=record)
+        cid = _chat(store)
+    text = store_export.export_markdown(store, tmp_path / "all.md").read_text(encoding="utf-8")
+    assert "2.00× speed-up vs the target alone (estimate)" in text
+    assert "1.60× speed-up vs the target alone (measured in this reply)" in text
+    assert "20.0 tokens/s" in text  # decode speed, as the footer shows it

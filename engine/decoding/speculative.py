@@ -372,11 +372,12 @@ def generate(
         except Cancelled:
             return finish("cancelled")
         planner.observe(plan, result)
-        record_round(stats, planner, plan, result)
-        stats.note = " ".join(filter(None, [base_note, planner.note()]))
         provenance = ["draft"] * result.num_accepted
         provenance.append("bonus" if result.drafted and result.num_accepted == result.drafted else "target")
+        before = len(context)
         reason = publish(result.tokens, provenance)
+        record_round(stats, planner, plan, result, kept=len(context) - before)
+        stats.note = " ".join(filter(None, [base_note, planner.note()]))
         for reader in readers:
             reader.observe_target(target.last_hidden, context)
         stats.total_time_s = time.perf_counter() - started
@@ -393,29 +394,36 @@ def rollback_target_to_context(target: ModelRunner, context: list[int]) -> None:
     target.rollback(min(target.cache_length, len(context) - 1))
 
 
-def record_round(stats: GenerationStats, planner: DraftPlanner, plan: Plan, result: RoundResult) -> None:
+def record_round(
+    stats: GenerationStats, planner: DraftPlanner, plan: Plan, result: RoundResult, kept: int | None = None
+) -> None:
+    """`kept`: how many of the round's tokens the reply kept. A reply that ends inside a round (an end
+    token, a stop string) counts only those, so the stats count the tokens the reply shows."""
+    kept = len(result.tokens) if kept is None else kept
+    accepted = min(result.num_accepted, kept)
+    drafted = result.drafted if kept > result.num_accepted else kept  # positions past the end: not drafted
     stats.rounds += 1
     # the tokens really drafted: a drafter that stops by its own confidence drafts up to plan.k
     stats.current_k = min(plan.k, result.drafted)
     stats.k_history.append(stats.current_k)
     stats.drafter_history.append(plan.drafter_name)
-    stats.drafted += result.drafted
-    stats.accepted += result.num_accepted
-    stats.accepted_lengths.append(result.num_accepted + 1)
+    stats.drafted += drafted
+    stats.accepted += accepted
+    stats.accepted_lengths.append(kept)
     if result.tree_nodes:
         stats.tree_rounds += 1
         stats.tree_nodes += result.tree_nodes
         stats.off_chain_rounds += result.off_chain
     else:
         stats.padded_tokens += result.verify_size - result.drafted - 1
-    if result.drafted and not result.num_accepted:
+    if drafted and not accepted:
         stats.wasted_rounds += 1
-    for position in range(result.drafted):
+    for position in range(drafted):
         if position == len(stats.per_position_drafted):
             stats.per_position_drafted.append(0)
             stats.per_position_accepted.append(0)
         stats.per_position_drafted[position] += 1
-        stats.per_position_accepted[position] += position < result.num_accepted
+        stats.per_position_accepted[position] += position < accepted
     if result.drafted == 0:  # a plain step in this reply: the target alone, measured in the same conditions
         stats.plain_steps += 1
         stats.plain_step_time_s += result.verify_s

@@ -60,12 +60,11 @@ class StopMatcher:
         return released
 
     def _cut(self, end: int) -> list[TokenSpan]:
-        """The held spans up to character `end`, the last one cut there."""
+        """Every held span, its text cut at character `end`: the spans wholly inside the stop string
+        come back empty, so each token of the reply still has its span (and its provenance counted)."""
         out, used = [], 0
         for span in self.held:
-            if used >= end:
-                break
-            keep = span.text[: end - used]
+            keep = span.text[: max(0, end - used)]
             out.append(span if keep == span.text else TokenSpan(span.token_id, keep, span.provenance))
             used += len(span.text)
         return out

@@ -213,7 +213,7 @@ class MemoryEstimate:
     def summary(self) -> str:
         free = ", ".join(f"{_gib(b)} free on {d}" for d, b in self.available.items())
         return (
-            f"Needs about {_gib(self.total_bytes)} at {self.context_length} tokens of context "
+            f"Needs about {_gib(self.total_bytes)} at {self.context_length:,} tokens of context "
             f"({free}): {self.verdict}."
         )
 
@@ -226,7 +226,7 @@ def estimate_memory(
     target_config,
     draft_config=None,
     *,
-    context_length: int = 4096,
+    context_length: int | None = None,
     device: str = "cpu",
     draft_device: str | None = None,
     target_dtype: Any = "auto",
@@ -235,8 +235,12 @@ def estimate_memory(
     draft_quantization: str = "none",
     available: dict[str, int] | None = None,
 ) -> MemoryEstimate:
-    """Weights and KV caches of both models against free memory, from configs alone."""
+    """Weights and KV caches of both models against free memory, from configs alone; at
+    `context_length` tokens, by default the context the engine gives the target (cache_tokens_for)."""
     from engine.models.loaded import resolve_device
+
+    if context_length is None:
+        context_length = cache_tokens_for(target_config)
 
     # an estimate may be for a GPU this machine lacks: the caller passes what is available there
     must_exist = available is None

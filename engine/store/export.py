@@ -15,9 +15,11 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable
+from dataclasses import fields
 from pathlib import Path
 
 from engine.errors import DiskFullError, ImportFormatError, ReadOnlyStorageError, StorageError
+from engine.stats import GenerationStats
 from engine.store.database import Store, utc_now
 
 FORMAT = "tandem-conversations"
@@ -141,15 +143,36 @@ def _stats_line(stats: dict) -> str:
         parts.append(f"acceptance {stats['acceptance_rate']:.0%}")
     if stats.get("mean_accepted_length") is not None:
         parts.append(f"{stats['mean_accepted_length']:.2f} tokens/round")
-    if stats.get("tokens_per_s") is not None:
-        parts.append(f"{stats['tokens_per_s']:.1f} tokens/s")
-    if stats.get("speedup") is not None:
-        parts.append(f"{stats['speedup']:.2f}× speed-up")
+    speed = stats.get("decode_tokens_per_s", stats.get("tokens_per_s"))  # the figure the app shows
+    if speed is not None:
+        parts.append(f"{speed:.1f} tokens/s")
+    claim = _speed_claim(stats)
+    if claim:
+        parts.append(claim)
     if stats.get("current_k"):
         parts.append(f"K={stats['current_k']}")
     if stats.get("drafter"):
         parts.append(f"drafter {stats['drafter']}")
     return ", ".join(parts)
+
+
+def _speed_claim(stats: dict) -> str:
+    """The speed-up as the app words it (GenerationStats.verdict), with its basis: an estimate or
+    measured in this reply. A stored record judges itself; an older, partial one shows its figure."""
+    names = {f.name for f in fields(GenerationStats)}
+    if "drafted" in stats:
+        record = GenerationStats(**{k: v for k, v in stats.items() if k in names})
+        if record.verdict == "plain":
+            return "decoded plainly"
+        if record.verdict not in ("faster", "slower"):
+            return ""
+        speedup, estimate = record.speedup, record.speedup_is_estimate
+    else:
+        speedup, estimate = stats.get("speedup"), stats.get("speedup_is_estimate")
+        if speedup is None:
+            return ""
+    basis = {True: " (estimate)", False: " (measured in this reply)"}.get(estimate, "")
+    return f"{speedup:.2f}× speed-up vs the target alone{basis}"
 
 
 def conversation_markdown(store: Store, conversation_id: int) -> str:

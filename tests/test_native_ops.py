@@ -185,3 +185,31 @@ def test_a_build_killed_midway_does_not_stop_the_next_start():
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
     assert not (folder / "lock").exists()
     assert (folder / native_ops.BUILT_FILE).read_text() == native_ops.build_key()
+
+
+def test_the_install_carries_its_own_build_and_an_empty_cache_builds_nothing(tmp_path):
+    """`make venv` builds the kernels into the virtual environment (`python -m engine.kernels.native_ops`);
+    a start with an empty cache folder then loads that build instead of compiling for minutes."""
+    env = {k: v for k, v in os.environ.items() if k != "TANDEM_NATIVE_DIR"}
+    installed = Path(sys.prefix) / native_ops.INSTALLED_FOLDER
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.kernels.native_ops"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert done.returncode == 0 and "are built" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert any(installed.rglob(native_ops.library_file_name()))
+    code = "from engine.kernels import native_ops; print(native_ops.build_error()); print(native_ops.installed_build())"
+    env["TANDEM_CACHE_DIR"] = str(tmp_path / "empty-cache")
+    started = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert started.stdout.splitlines()[0] == "None"
+    assert started.stdout.splitlines()[1].startswith(str(installed))
+    assert not (tmp_path / "empty-cache" / "native").exists() or not any(
+        (tmp_path / "empty-cache" / "native").rglob("*.so")
+    )
+    assert "Building" not in started.stderr

@@ -62,6 +62,18 @@ def build_key() -> str:
     return digest.hexdigest()[:16]
 
 
+INSTALLED_FOLDER = "tandem-native"  # beside the virtual environment's packages (sys.prefix)
+
+
+def installed_build() -> Path | None:
+    """The library the install itself carries for these very sources, if any: `make venv` builds it
+    into the virtual environment, so a start with an empty cache folder loads it instead of building."""
+    if os.environ.get("TANDEM_NATIVE_DIR"):
+        return None
+    folder = Path(sys.prefix) / INSTALLED_FOLDER / f"torch-{torch.__version__}-{build_key()}"
+    return folder / library_file_name() if _finished(folder) else None
+
+
 def build_folder() -> Path:
     from engine.paths import cache_dir
 
@@ -104,6 +116,9 @@ def _load(progress) -> str | None:
         return None
     if getattr(sys, "frozen", False):
         return load_prebuilt(prebuilt_library())
+    installed = installed_build()
+    if installed is not None:  # the install's own build of these sources: nothing to build or wait for
+        return load_prebuilt(installed)
     try:
         load_library(build_folder(), progress)
     except Exception as exc:  # no compiler, no ninja, a failed build: the kernels are "not here"
@@ -195,3 +210,9 @@ def load_prebuilt(library: Path) -> str | None:
 def first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return f"{exc.__class__.__name__}: {text.splitlines()[0][:160] if text else ''}"
+
+
+if __name__ == "__main__":  # `make venv`: the install's own build (installed_build), made once
+    os.environ["TANDEM_NATIVE_DIR"] = str(Path(sys.prefix) / INSTALLED_FOLDER)
+    problem = build()
+    print(problem or f"Tandem's CPU kernels are built ({build_folder()}).")

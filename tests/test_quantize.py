@@ -179,5 +179,7 @@ def test_auto_drafts_in_int4_where_the_targets_weights_are_4bit_blocks_already(b
                 linear.weight.copy_(dequantize_blocks(*quantize_blocks(linear.weight, 4), 4))
     assert holds_in_4bit_blocks(tiny.model)
     assert draft_quantization_for(tiny, "auto") == "int4"
-    target, draft = load_pair(DEFAULT_TARGET, None, device="cpu")
+    target, draft = load_pair(DEFAULT_TARGET, None, device="cpu", target_precision="fp32")
     assert draft.quantization == "int4"
+    native, no_copy = load_pair(DEFAULT_TARGET, None, device="cpu")  # the file's own blocks are the target
+    assert native.quantization == "gguf" and no_copy is None

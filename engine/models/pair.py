@@ -36,8 +36,8 @@ def load_pair(
         return target, None
     from engine.models.quantize import draft_quantization_for, rounds_activations
 
-    if rounds_activations(target):  # an 8-bit copy of a target that is already quantized saves nothing
-        return target, None
+    if draft_spec is None and rounds_activations(target):
+        return target, None  # a quantized copy of a target that is already quantized saves nothing
     draft_device = draft_device or device
     source = target_spec if draft_spec is None else draft_spec
     if quantization == "auto":

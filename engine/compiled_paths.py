@@ -83,7 +83,7 @@ class CompiledPaths:
         """The features the compiled forward always returns: the layers a fitting draft head reads."""
         if no_drafting_note(self.target, self._runner):  # nothing drafts for it, the head included
             return ()
-        head = self._fitting_head()
+        head = self.fitting_head()
         return tuple(head.wants_hidden) if head is not None else ()
 
     def _compile_from_cache(self, progress=None, trees: bool = True) -> str | None:

@@ -10,22 +10,22 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from engine.compiled_paths import CompiledPaths
 from engine.decoding import drafter_memory
 from engine.decoding.drafters import (
-    AutoDrafter,
     Drafter,
     ModelDrafter,
     NgramDrafter,
-    NoDrafter,
     SuffixDrafter,
     common_prefix_length,
     copy_acceptance_prior,
 )
-from engine.decoding.planner import DraftPlanner
-from engine.decoding.speculative import generate, planner_for
+from engine.decoding.planner import DraftPlanner, planner_for
+from engine.decoding.speculative import generate
 from engine.decoding.verify_cost import VerifyCostCurve
+from engine.drafter_registry import DrafterChoice, choose
 from engine.errors import ContextOverflowError
 from engine.events import Event, Failed, Finished
 from engine.models.chat_template import chat_prompt_ids
@@ -35,6 +35,9 @@ from engine.runtime.cache_transfer import shares_cache_layout
 from engine.runtime.fastest_runner import make_runner
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
+
+if TYPE_CHECKING:
+    from engine.decoding.drafters.head import HeadDrafter
 
 CALIBRATION_TOKENS = 64
 # every verify size adaptive K uses at the default max K (1 + K for K = 0..8), then two larger ones
@@ -140,18 +143,26 @@ class ChatEngine(CompiledPaths):
         self.check_fits(prompt_ids)
         with self._lock:
             self.calibrate()
-            drafter, note = self._choose_drafter(speculation)
-            planner = self._planner(drafter, speculation)
+            choice = choose(self, speculation, no_drafting_note(self.target, self._runner))
+            planner = self._planner(choice, speculation)
             reused = common_prefix_length(self._cached_tokens[: self._runner.cache_length], prompt_ids)
             self._runner.rollback(reused)
             # the target-alone step time as measured now: calibration, updated by every plain step since
             step_time = self._verify_curve.estimate(1) or self._step_time_s
-            stats = GenerationStats(target_step_time_s=step_time, note=note)
+            stats = GenerationStats(target_step_time_s=step_time, note=choice.note)
             try:
                 finished = generate(
-                    self._runner, drafter, prompt_ids, sampling, speculation, self.target.eos_token_ids,
-                    self.target.tokenizer, on_event, cancel, planner=planner, stats=stats,
-                )  # fmt: skip
+                    self._runner,
+                    planner,
+                    prompt_ids,
+                    sampling,
+                    speculation,
+                    self.target.eos_token_ids,
+                    self.target.tokenizer,
+                    on_event,
+                    cancel,
+                    stats=stats,
+                )
             except Exception as error:
                 self._forget_caches()
                 if on_event is not None:
@@ -250,7 +261,7 @@ class ChatEngine(CompiledPaths):
             if not self.tree_graph_later:
                 self._build_tree_graph(progress)
             if self.speculation.drafter in ("head", "auto"):  # loaded and checked now, not in a reply
-                self._fitting_head()
+                self.fitting_head()
             # a CPU build that an earlier start (or build_compiled) finished: seconds from inductor's cache, before "Ready"
             if self._may_compile_later() and compile_build.is_built(self.target, self._compiled_capture()):
                 self._compile_notice = self._compile_from_cache(progress, not self.tree_graph_later) or ""
@@ -291,64 +302,51 @@ class ChatEngine(CompiledPaths):
                 f"{limit} tokens, including at least one for the answer. Start a new chat or delete earlier messages."
             )
 
-    def _choose_drafter(self, speculation: SpeculationSettings) -> tuple[Drafter, str]:
-        kind, note = speculation.drafter, ""
-        if kind != "none" and (note := no_drafting_note(self.target, self._runner)):
-            return NoDrafter(self._runner.vocab_size, self._runner.device), note
-        if kind == "model" and self._model_drafter is None:
-            kind, note = "ngram", "No draft model is loaded, so drafting uses n-gram lookup."
-        if kind == "model":
-            return self._model_drafter, note
-        if kind == "ngram":
-            return self._ngram_drafter(speculation), note
-        if kind == "suffix":
-            return self._suffix, note
-        if kind == "head":
-            return self._head_drafter(), note
-        if kind == "auto":
-            members = [self._ngram_drafter(speculation), self._suffix, *self.extra_drafters]
-            members += [d for d in (self._fitting_head(), self._model_drafter) if d is not None]
-            return AutoDrafter(members), note
-        return NoDrafter(self._runner.vocab_size, self._runner.device), note
+    # --- the drafters it keeps (engine.drafter_registry.DrafterSource) ---------------------------
 
-    def _head_drafter(self) -> Drafter:
+    def head_drafter(self) -> HeadDrafter:
         """The draft head, loaded on first use (IncompatibleDraftError when none fits the target)."""
-        from engine.decoding.drafters.head import head_drafter
+        from engine.decoding.drafters.head import head_drafter as load_head
 
         choice = (self.head_source, self.head_vocab)
         if self._head is None or self._head[0] != choice:
-            self._head = (choice, head_drafter(self.target, self._runner, *choice))
+            self._head = (choice, load_head(self.target, self._runner, *choice))
         return self._head[1]
 
-    def _fitting_head(self) -> Drafter | None:
+    def fitting_head(self) -> HeadDrafter | None:
         """The draft head for `auto`, when one fits this target (shipped or head_source); else None."""
         from engine.errors import IncompatibleDraftError
 
         try:
-            return self._head_drafter()
+            return self.head_drafter()
         except IncompatibleDraftError:  # none ships for this target, or it was trained for another
             return None
 
-    def _ngram_drafter(self, speculation: SpeculationSettings) -> NgramDrafter:
+    def ngram_drafter(self, speculation: SpeculationSettings) -> NgramDrafter:
         sizes = (speculation.ngram_min, speculation.ngram_max)
         if self._ngram is None or (self._ngram.ngram_min, self._ngram.ngram_max) != sizes:
             self._ngram = NgramDrafter(self._runner.vocab_size, self._runner.device, *sizes)
         return self._ngram
 
-    def _planner(self, drafter: Drafter, speculation: SpeculationSettings) -> DraftPlanner:
+    def suffix_drafter(self) -> SuffixDrafter:
+        return self._suffix
+
+    def model_drafter(self) -> ModelDrafter | None:
+        return self._model_drafter
+
+    def _planner(self, choice: DrafterChoice, speculation: SpeculationSettings) -> DraftPlanner:
         """The planner for this drafter choice, kept while its drafters stay the same objects."""
-        members = drafter.members if isinstance(drafter, AutoDrafter) else [drafter]
-        identity = tuple(id(member) for member in members)
-        kept = self._planners.get(drafter.name)
+        identity = tuple(id(member) for member in choice.drafters)
+        kept = self._planners.get(choice.name)
         if kept is None or kept[0] != identity:
             previous = kept[1] if kept else None
-            planner = planner_for(drafter, speculation, self._verify_curve, previous)
+            planner = planner_for(choice.drafters, speculation, self._verify_curve, previous, choice.name)
             if self.remember_drafters and drafter_memory.enabled():
                 # the drafters new to this planner begin from what an earlier start measured of them
                 inherited = {id(member) for member in previous.drafters} if previous else set()
                 new = {member.name for member in planner.drafters if id(member) not in inherited}
                 drafter_memory.recall(planner, self._drafter_memory_key(), only=new)
-            kept = self._planners[drafter.name] = (identity, planner)
+            kept = self._planners[choice.name] = (identity, planner)
         for _, controller in kept[1].members:
             controller.speculation = speculation
         return kept[1]

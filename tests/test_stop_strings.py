@@ -55,8 +55,10 @@ def test_stop_at_the_very_start_gives_empty_text(pieces):
 
 @pytest.mark.parametrize("drafter_kind", ["none", "ngram"])
 def test_generation_ends_before_a_stop_string_and_never_streams_it(make_tiny, drafter_kind):
-    from engine.decoding.drafters import NgramDrafter, NoDrafter
+    from engine.decoding.drafters import NgramDrafter
+    from engine.decoding.planner import planner_for
     from engine.decoding.speculative import generate
+    from engine.decoding.verify_cost import VerifyCostCurve
     from engine.events import TextPiece
     from engine.runtime.eager import ModelRunner
     from engine.settings import SamplingSettings, SpeculationSettings
@@ -68,15 +70,19 @@ def test_generation_ends_before_a_stop_string_and_never_streams_it(make_tiny, dr
     vocab = target.model.config.vocab_size
 
     def run(stop=()):
-        drafter = (
-            NgramDrafter(vocab, target.device) if drafter_kind == "ngram" else NoDrafter(vocab, target.device)
-        )
+        drafters = [NgramDrafter(vocab, target.device)] if drafter_kind == "ngram" else []
+        speculation = SpeculationSettings(k=3)
         pieces: list[str] = []
         finished = generate(
-            ModelRunner(target.model), drafter, prompt_ids, SamplingSettings(max_new_tokens=40, stop=stop),
-            SpeculationSettings(k=3), target.eos_token_ids, target.tokenizer,
+            ModelRunner(target.model),
+            planner_for(drafters, speculation, VerifyCostCurve()),
+            prompt_ids,
+            SamplingSettings(max_new_tokens=40, stop=stop),
+            speculation,
+            target.eos_token_ids,
+            target.tokenizer,
             lambda event: pieces.append(event.text) if isinstance(event, TextPiece) else None,
-        )  # fmt: skip
+        )
         return finished, "".join(pieces)
 
     full, full_streamed = run()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from engine.decoding.acceptance import AcceptanceModel, expected_tokens_from
 from engine.decoding.confidence import ConfidenceCalibration, StopRule
-from engine.decoding.drafters.base import Drafter, Lookahead
+from engine.decoding.drafters.base import Drafter, Lookahead, StopsByConfidence, capability
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.settings import SpeculationSettings
 
@@ -112,9 +112,9 @@ class KController:
     def for_drafter(
         cls, drafter: Drafter, speculation: SpeculationSettings, curve: VerifyCostCurve, **kwargs
     ):
-        optimism = 0.0 if drafter.confidence_stops else cls.OPTIMISM
-        controller = cls(speculation, curve, optimism=optimism, **kwargs)
-        controller.caps_by_yield = drafter.confidence_stops
+        stops_by_confidence = capability(drafter, StopsByConfidence) is not None
+        controller = cls(speculation, curve, optimism=0.0 if stops_by_confidence else cls.OPTIMISM, **kwargs)
+        controller.caps_by_yield = stops_by_confidence
         return controller
 
     @property

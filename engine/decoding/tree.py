@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.decoding.sampling import PositionNoise, coupled_sample, probs_from_logits, sample
+from engine.runtime.protocol import TreeRunner
 from engine.settings import SamplingSettings
 
 
@@ -107,7 +108,7 @@ def walk(tree: DraftTree, choose) -> TreeOutcome:
 
 
 def verify_tree(
-    target,
+    target: TreeRunner,
     tree: DraftTree,
     context: list[int],
     sampling: SamplingSettings,

@@ -12,8 +12,9 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.compiled_paths import CompiledPaths
+from engine.compiled_paths import CompileManager, ProgressCallback
 from engine.decoding import drafter_memory
+from engine.decoding.adaptive import MAX_TREE_SIZE
 from engine.decoding.drafters import (
     Drafter,
     ModelDrafter,
@@ -33,6 +34,7 @@ from engine.models.loaded import LoadedModel
 from engine.models.quantize import no_drafting_note
 from engine.runtime.cache_transfer import shares_cache_layout
 from engine.runtime.fastest_runner import make_runner
+from engine.runtime.protocol import Runner
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 
@@ -49,7 +51,7 @@ SUFFIX_HISTORY_LEAD = 8  # tokens of the prompt before a reply that go into the 
 COMPILED_VERIFY_SIZES = (2, 3, 5)
 
 
-class ChatEngine(CompiledPaths):
+class ChatEngine:
     def __init__(
         self,
         target: LoadedModel,
@@ -85,10 +87,17 @@ class ChatEngine(CompiledPaths):
         self._head = None
         self.draft: LoadedModel | None = None
         self._model_drafter: ModelDrafter | None = None
-        self._optimizer: threading.Thread | None = None  # optimize_in_background's thread
-        self._optimizing = False  # while the background build runs (until it has switched)
-        self._compile_notice = ""  # why a compiled forward was not built, when it was not
         self.tree_graph_later = False  # prepare leaves the token-tree graph for build_tree_graph
+        self.compiling = CompileManager(
+            target,
+            self._runner,
+            self._lock,
+            compiled,
+            head_layers=self._head_layers,
+            recalibrate=self._recalibrate,
+            trees_have_room=self._trees_have_room,
+            step_time=lambda: self._step_time_s,
+        )
         self.set_draft(draft)
 
     # --- models ---------------------------------------------------------------------------------
@@ -106,6 +115,7 @@ class ChatEngine(CompiledPaths):
                 self._model_drafter = ModelDrafter(
                     runner, target.vocab_size, draft.name, target.device, donor, prior
                 )
+            self.compiling.set_draft(draft, self._draft_runner)
 
     def reset(self) -> None:
         with self._lock:
@@ -247,25 +257,51 @@ class ChatEngine(CompiledPaths):
         With `tree_graph_later` the token-tree graph is left for build_tree_graph, after "Ready"
         (reading it back made a 10 s start 13 s; until then rounds verify one chain). Call that on
         this same thread: from another one, dynamo traced the graph five times slower."""
-        from engine.runtime import compile_build
-
         with self._lock:
-            if getattr(self._runner, "is_compiled", False) or self._may_compile_later():
-                capture = self._runner.compiled_capture = self._compiled_capture()
-                # its compiled forwards are saved there, and read back at the next start in seconds
-                self._runner.precompiled_folder = compile_build.precompiled_folder(self.target, capture)
-            for runner in (self._runner, getattr(self._model_drafter, "runner", None)):
-                if runner is not None and getattr(runner, "is_compiled", False):
-                    runner.warm_up(progress=progress)
+            self.compiling.warm_up(progress)
             self.calibrate(progress)
             if not self.tree_graph_later:
-                self._build_tree_graph(progress)
+                self.compiling.add_tree_graph(progress)
             if self.speculation.drafter in ("head", "auto"):  # loaded and checked now, not in a reply
                 self.fitting_head()
-            # a CPU build that an earlier start (or build_compiled) finished: seconds from inductor's cache, before "Ready"
-            if self._may_compile_later() and compile_build.is_built(self.target, self._compiled_capture()):
-                self._compile_notice = self._compile_from_cache(progress, not self.tree_graph_later) or ""
-            self._compile_draft(progress)
+            self.compiling.read_back(progress, trees=not self.tree_graph_later)
+
+    # --- compiled paths (engine.compiled_paths) -------------------------------------------------
+
+    @property
+    def runs_compiled(self) -> bool:
+        """Whether the target's forward runs compiled now."""
+        return self.compiling.runs_compiled
+
+    def optimize_in_background(
+        self,
+        progress: ProgressCallback | None = None,
+        on_done: Callable[[str], None] | None = None,
+    ) -> bool:
+        """Builds the compiled forwards beside the replies and switches to them between replies
+        (CompileManager.optimize_in_background); False when there is nothing to build."""
+        return self.compiling.optimize_in_background(progress, on_done)
+
+    def build_compiled(self, progress: ProgressCallback | None = None) -> None:
+        """Builds now what a CPU start builds in the background (CompileManager.build_compiled)."""
+        self.compiling.build_compiled(progress)
+
+    def build_tree_graph(self, progress: ProgressCallback | None = None) -> bool:
+        """The token-tree graph that prepare left out (tree_graph_later), where it is due; True once built."""
+        return self.compiling.build_tree_graph(progress)
+
+    def _head_layers(self) -> tuple[int, ...]:
+        """The target's layers a fitting draft head reads; () where none fits."""
+        head = self.fitting_head()
+        return tuple(head.wants_hidden) if head is not None else ()
+
+    def _trees_have_room(self) -> bool:
+        """Whether trees are on and the measured verify cost gives a tree room: a verify forward one
+        token wider than a one-token draft's costing at most what that draft's does."""
+        curve = self._verify_curve
+        return (
+            self.speculation.trees and curve is not None and curve.widest_at_cost(2, limit=MAX_TREE_SIZE) > 2
+        )
 
     def _recalibrate(self, progress=None) -> None:
         """Measures the runner's verify cost again (it changed), keeping the curve object the planners hold."""
@@ -279,12 +315,16 @@ class ChatEngine(CompiledPaths):
     @property
     def notices(self) -> list[str]:
         """What the user should know about how the models run (no compilation, generic path)."""
-        runners = [self._runner, getattr(self._model_drafter, "runner", None)]
+        runners = [self._runner, self._draft_runner]
         head = self._head[1].weights if self._head is not None else ""  # at what precision it runs
         optimizing = "Optimizing for this machine in the background; replies run uncompiled until then."
-        found = [optimizing] if self._optimizing else []
-        found += [r.notice for r in runners if r is not None] + [self._compile_notice, head]
+        found = [optimizing] if self.compiling.optimizing else []
+        found += [r.notice for r in runners if r is not None] + [self.compiling.notice, head]
         return list(dict.fromkeys(notice for notice in found if notice))
+
+    @property
+    def _draft_runner(self) -> Runner | None:
+        return self._model_drafter.runner if self._model_drafter is not None else None
 
     # --- internals -----------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from engine.decoding.drafters import (
 )
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner
-from engine.runtime.protocol import Runner, TreeRunner
+from engine.runtime.protocol import CompilingRunner, Runner, TreeRunner
 from tests.fake_drafters import ConfidentDrafter, EmptyDrafter
 
 CAPABILITIES = (
@@ -139,5 +139,6 @@ def test_every_runner_has_the_members_the_loop_uses(tiny):
         assert isinstance(runner, Runner) and mismatches(runner, Runner) == []
     assert not eager.supports_trees and eager.verify_limit is None and eager.capture_hidden == ()
     assert fast.supports_trees and fast.verify_limit is None and fast.last_hidden is None
-    assert not isinstance(eager, TreeRunner)
-    assert isinstance(fast, TreeRunner) and mismatches(fast, TreeRunner) == []
+    assert not isinstance(eager, TreeRunner) and not isinstance(eager, CompilingRunner)
+    for protocol in (TreeRunner, CompilingRunner):
+        assert isinstance(fast, protocol) and mismatches(fast, protocol) == [], protocol.__name__

@@ -196,7 +196,7 @@ def test_a_compiled_engine_builds_the_tree_graph_only_where_trees_get_room(make_
         ({1: 0.010, 2: 0.010, 3: 0.010}, True),
     ):
         engine._verify_curve.seconds = seconds
-        engine._build_tree_graph()
+        engine.compiling.add_tree_graph()
         assert runner.tree_graph == runner.supports_trees == room
     finished = engine.generate_ids([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8])
     assert finished.stats.generated_tokens > 0 and runner.is_compiled

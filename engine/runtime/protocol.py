@@ -4,11 +4,13 @@
 causal LM with a DynamicCache) and `FastRunner` (fastpath.py, Llama-family models on static KV
 buffers, optionally compiled) both satisfy it, each with its own values of the capabilities
 (`supports_trees`, `verify_limit`, the captured hidden states). A runner whose `supports_trees` can
-be True is a `TreeRunner`.
+be True is a `TreeRunner`; one that can compile its forward is a `CompilingRunner`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -63,4 +65,33 @@ class TreeRunner(Runner, Protocol):
     def keep_path(self, path: list[int]) -> None:
         """After forward_tree: keep the nodes `path` (root first, each the parent of the next) as the
         cache's next len(path) positions, and forget the other nodes."""
+        ...
+
+
+@runtime_checkable
+class CompilingRunner(Runner, Protocol):
+    """A runner that may compile its forward (FastRunner): what the engine's compile manager asks of it."""
+
+    is_compiled: bool
+    dynamic_shapes: bool  # one graph for every length (CPU), else one per size
+    tree_graph: bool  # whether the compiled forward has a token-tree graph
+    compiled_capture: tuple[int, ...]  # features the compiled forward always returns
+    precompiled_folder: Path | None  # where its compiled forwards are saved and read back
+
+    def compile_refusal(self) -> str | None:
+        """Why this runner cannot be compiled at all, or None."""
+        ...
+
+    def compile_now(self, progress: Callable[[str, int, int], None] | None = None) -> bool:
+        """Compiles an eager runner's forward and switches to it; True when compiled."""
+        ...
+
+    def warm_up(
+        self,
+        sizes: Iterable[int] | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
+        captures: Iterable[tuple[int, ...]] | None = None,
+        trees: bool = False,
+    ) -> None:
+        """Compiles the forward in use for `sizes` (`trees`: and the token-tree graph)."""
         ...

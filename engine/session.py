@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from engine.compiled_paths import CompileManager, ProgressCallback
 from engine.decoding import drafter_memory
-from engine.decoding.adaptive import MAX_TREE_SIZE
 from engine.decoding.drafters import (
     Drafter,
     ModelDrafter,
@@ -24,6 +23,7 @@ from engine.decoding.drafters import (
     copy_acceptance_prior,
 )
 from engine.decoding.planner import DraftPlanner, planner_for
+from engine.decoding.pricing import MAX_TREE_SIZE
 from engine.decoding.speculative import generate
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.drafter_registry import DrafterChoice, choose

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from engine.decoding.acceptance import AcceptanceModel
-from engine.decoding.adaptive import KController, expected_tokens
+from engine.decoding.adaptive import KController, ProbeSchedule, expected_tokens
 from engine.decoding.drafters import Lookahead
 from engine.decoding.planner import DraftPlanner
 from engine.decoding.speculative import RoundResult
@@ -216,7 +216,7 @@ def test_a_probe_the_confidence_stop_left_empty_counts_as_lost():
     for _ in range(500):
         chosen = k.choose(limit=100)
         if chosen:
-            probes.append(k._probe_interval)
+            probes.append(k.schedule.interval)
             k.observe(chosen, drafted=0, accepted=0, draft_s=0.007, verify_s=0.1)
     assert len(probes) >= 3 and probes == sorted(probes) and probes[-1] >= 4 * probes[0]
 
@@ -257,7 +257,7 @@ def test_fixed_k_and_limit():
 def test_first_round_probes_before_anything_is_measured():
     assert (
         KController(SpeculationSettings(max_k=8), VerifyCostCurve()).choose(limit=100)
-        == KController.PROBE_K
+        == ProbeSchedule.PROBE_K
         == 2
     )
 
@@ -690,7 +690,7 @@ def test_a_copy_whose_probe_lost_its_second_token_is_not_held_at_one_token(monke
         acceptance_prior_weight = 1.0
 
     checked = ks_after_losing_the_second_token_once(acceptance_for(CheckedCopy()))
-    assert checked[0] == KController.PROBE_K and min(checked[2:]) >= 4, checked
+    assert checked[0] == ProbeSchedule.PROBE_K and min(checked[2:]) >= 4, checked
     monkeypatch.setattr(KController, "STRETCH_AFTER", 10**9)  # without the stretch (the next test)
     assert max(ks_after_losing_the_second_token_once(acceptance_for(GuessedCopy()))[1:]) == 1
 
@@ -700,7 +700,7 @@ def test_a_drafter_without_a_measured_prior_is_not_held_below_a_position_it_lost
     the second token of its first round and keeps everything after. Rounds that keep all K tokens
     never decide position K, so without a stretch K stays at 1 until the decay forgets that round."""
     stretched = ks_after_losing_the_second_token_once(rounds=12)
-    assert stretched[0] == KController.PROBE_K and max(stretched[-4:]) >= 3, stretched
+    assert stretched[0] == ProbeSchedule.PROBE_K and max(stretched[-4:]) >= 3, stretched
     monkeypatch.setattr(KController, "STRETCH_AFTER", 10**9)
     assert max(ks_after_losing_the_second_token_once(rounds=12)[1:]) == 1  # the trap, without the stretch
 
@@ -763,10 +763,10 @@ def rounds_of_a_copy_timed_while_the_machine_was_busy(rounds: int = 200) -> list
 def test_a_drafter_priced_from_a_busy_moment_is_measured_again(monkeypatch):
     """Priced at its busy step (0.73 tokens per target step against the head's 1.1) the copy lost
     every round to the head and, never drafting, was never timed again. Now it gets a round once it
-    has sat out KController.STALE_AFTER of them, since only its step holds it back, and is timed at
+    has sat out ProbeSchedule.STALE_AFTER of them, since only its step holds it back, and is timed at
     its quiet 0.25 (1.7 tokens per step): it drafts from then on."""
     chosen = rounds_of_a_copy_timed_while_the_machine_was_busy()
-    assert "copy" in chosen[2 : 2 + KController.STALE_AFTER + 2]
+    assert "copy" in chosen[2 : 2 + ProbeSchedule.STALE_AFTER + 2]
     assert chosen[100:].count("copy") >= 90, chosen
-    monkeypatch.setattr(KController, "STALE_AFTER", 10**9)
+    monkeypatch.setattr(ProbeSchedule, "STALE_AFTER", 10**9)
     assert rounds_of_a_copy_timed_while_the_machine_was_busy()[2:].count("copy") == 0

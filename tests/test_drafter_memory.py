@@ -8,7 +8,7 @@ import random
 import pytest
 
 from engine.decoding import drafter_memory
-from engine.decoding.adaptive import KController
+from engine.decoding.adaptive import ProbeSchedule
 from engine.decoding.planner import planner_for
 from engine.session import ChatEngine
 from engine.settings import SamplingSettings, SpeculationSettings
@@ -68,7 +68,7 @@ def test_a_second_start_begins_with_the_drafter_the_first_one_measured_best(tmp_
     assert first[:2] == ["head2", "model2"]  # nothing known: each member is probed first
     second = start(drafters(), 5, path)
     assert all(round.startswith("model") for round in second), second
-    assert int(second[0].removeprefix("model")) > KController.PROBE_K  # no probe: K from what was measured
+    assert int(second[0].removeprefix("model")) > ProbeSchedule.PROBE_K  # no probe: K from what was measured
     fresh = start(drafters(), 5, tmp_path / "other.json")
     assert fresh[:2] == ["head2", "model2"]
 
@@ -153,7 +153,7 @@ def test_a_draft_step_recalled_from_a_busy_start_is_measured_again(tmp_path, mon
     second = second_start(tmp_path / "memory.json")
     assert any(round.startswith("model") for round in second[:3]), second
     assert sum(round.startswith("model") for round in second) >= 35, second
-    monkeypatch.setattr(KController, "recalled_draft_step", lambda self: None)
-    monkeypatch.setattr(KController, "STALE_AFTER", 10**9)
+    monkeypatch.setattr(ProbeSchedule, "recalled", lambda self: None)
+    monkeypatch.setattr(ProbeSchedule, "STALE_AFTER", 10**9)
     stale = second_start(tmp_path / "without.json")
     assert not any(round.startswith("model") for round in stale), stale

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from engine.decoding.acceptance import AcceptanceModel
-from engine.decoding.adaptive import KController
+from engine.decoding.adaptive import KController, ProbeSchedule
 from engine.decoding.drafters.base import (
     Drafter,
     KnowsItsAcceptance,
@@ -60,7 +60,7 @@ class DraftPlanner:
     beat a plain step. One member: that drafter's adaptive K. No member: every round a plain step.
 
     Members never measured are probed first; a member that is not chosen is probed on its own
-    controller's schedule (KController.due_probe), so each one can recover.
+    controller's schedule (ProbeSchedule.due), so each one can recover.
     """
 
     def __init__(
@@ -170,7 +170,7 @@ class DraftPlanner:
             options.append(
                 _Option(
                     index,
-                    k or min(KController.PROBE_K, cap),
+                    k or min(ProbeSchedule.PROBE_K, cap),
                     rate if measured else None,
                     hint.condition,
                     cap,
@@ -196,15 +196,15 @@ class DraftPlanner:
             controller = self.members[option.index][1]
             if option is chosen or not controller.speculation.adaptive:
                 continue
-            controller.sit_out()
-            if controller.due_probe() and chosen is None:
-                option.k = controller.probe_k(option.k, option.cap)
+            controller.schedule.sit_out()
+            if controller.schedule.due() and chosen is None:
+                option.k = controller.schedule.probe_k(option.k, option.cap)
                 chosen = option
         return self._option_plan(chosen, limit) if chosen is not None else Plan.plain_step()
 
     def _refresh(self, options: list[_Option], chosen: _Option) -> _Option | None:
         """A member whose draft step is stale and that would beat the chosen one if drafting cost
-        nothing (KController.STALE_AFTER)."""
+        nothing (ProbeSchedule.STALE_AFTER)."""
         for option in options:
             controller = self.members[option.index][1]
             if option is chosen or not controller.speculation.adaptive:

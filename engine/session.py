@@ -10,22 +10,23 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from engine.compiled_paths import CompiledPaths
+from engine.compiled_paths import CompileManager, ProgressCallback
 from engine.decoding import drafter_memory
 from engine.decoding.drafters import (
-    AutoDrafter,
     Drafter,
     ModelDrafter,
     NgramDrafter,
-    NoDrafter,
     SuffixDrafter,
     common_prefix_length,
     copy_acceptance_prior,
 )
-from engine.decoding.planner import DraftPlanner
-from engine.decoding.speculative import generate, planner_for
+from engine.decoding.planner import DraftPlanner, planner_for
+from engine.decoding.pricing import MAX_TREE_SIZE
+from engine.decoding.speculative import generate
 from engine.decoding.verify_cost import VerifyCostCurve
+from engine.drafter_registry import DrafterChoice, choose
 from engine.errors import ContextOverflowError
 from engine.events import Event, Failed, Finished
 from engine.models.chat_template import chat_prompt_ids
@@ -33,8 +34,12 @@ from engine.models.loaded import LoadedModel
 from engine.models.quantize import no_drafting_note
 from engine.runtime.cache_transfer import shares_cache_layout
 from engine.runtime.fastest_runner import make_runner
+from engine.runtime.protocol import Runner
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
+
+if TYPE_CHECKING:
+    from engine.decoding.drafters.head import HeadDrafter
 
 CALIBRATION_TOKENS = 64
 # every verify size adaptive K uses at the default max K (1 + K for K = 0..8), then two larger ones
@@ -46,7 +51,7 @@ SUFFIX_HISTORY_LEAD = 8  # tokens of the prompt before a reply that go into the 
 COMPILED_VERIFY_SIZES = (2, 3, 5)
 
 
-class ChatEngine(CompiledPaths):
+class ChatEngine:
     def __init__(
         self,
         target: LoadedModel,
@@ -82,10 +87,17 @@ class ChatEngine(CompiledPaths):
         self._head = None
         self.draft: LoadedModel | None = None
         self._model_drafter: ModelDrafter | None = None
-        self._optimizer: threading.Thread | None = None  # optimize_in_background's thread
-        self._optimizing = False  # while the background build runs (until it has switched)
-        self._compile_notice = ""  # why a compiled forward was not built, when it was not
         self.tree_graph_later = False  # prepare leaves the token-tree graph for build_tree_graph
+        self.compiling = CompileManager(
+            target,
+            self._runner,
+            self._lock,
+            compiled,
+            head_layers=self._head_layers,
+            recalibrate=self._recalibrate,
+            trees_have_room=self._trees_have_room,
+            step_time=lambda: self._step_time_s,
+        )
         self.set_draft(draft)
 
     # --- models ---------------------------------------------------------------------------------
@@ -103,6 +115,7 @@ class ChatEngine(CompiledPaths):
                 self._model_drafter = ModelDrafter(
                     runner, target.vocab_size, draft.name, target.device, donor, prior
                 )
+            self.compiling.set_draft(draft, self._draft_runner)
 
     def reset(self) -> None:
         with self._lock:
@@ -140,18 +153,26 @@ class ChatEngine(CompiledPaths):
         self.check_fits(prompt_ids)
         with self._lock:
             self.calibrate()
-            drafter, note = self._choose_drafter(speculation)
-            planner = self._planner(drafter, speculation)
+            choice = choose(self, speculation, no_drafting_note(self.target, self._runner))
+            planner = self._planner(choice, speculation)
             reused = common_prefix_length(self._cached_tokens[: self._runner.cache_length], prompt_ids)
             self._runner.rollback(reused)
             # the target-alone step time as measured now: calibration, updated by every plain step since
             step_time = self._verify_curve.estimate(1) or self._step_time_s
-            stats = GenerationStats(target_step_time_s=step_time, note=note)
+            stats = GenerationStats(target_step_time_s=step_time, note=choice.note)
             try:
                 finished = generate(
-                    self._runner, drafter, prompt_ids, sampling, speculation, self.target.eos_token_ids,
-                    self.target.tokenizer, on_event, cancel, planner=planner, stats=stats,
-                )  # fmt: skip
+                    self._runner,
+                    planner,
+                    prompt_ids,
+                    sampling,
+                    speculation,
+                    self.target.eos_token_ids,
+                    self.target.tokenizer,
+                    on_event,
+                    cancel,
+                    stats=stats,
+                )
             except Exception as error:
                 self._forget_caches()
                 if on_event is not None:
@@ -236,25 +257,51 @@ class ChatEngine(CompiledPaths):
         With `tree_graph_later` the token-tree graph is left for build_tree_graph, after "Ready"
         (reading it back made a 10 s start 13 s; until then rounds verify one chain). Call that on
         this same thread: from another one, dynamo traced the graph five times slower."""
-        from engine.runtime import compile_build
-
         with self._lock:
-            if getattr(self._runner, "is_compiled", False) or self._may_compile_later():
-                capture = self._runner.compiled_capture = self._compiled_capture()
-                # its compiled forwards are saved there, and read back at the next start in seconds
-                self._runner.precompiled_folder = compile_build.precompiled_folder(self.target, capture)
-            for runner in (self._runner, getattr(self._model_drafter, "runner", None)):
-                if runner is not None and getattr(runner, "is_compiled", False):
-                    runner.warm_up(progress=progress)
+            self.compiling.warm_up(progress)
             self.calibrate(progress)
             if not self.tree_graph_later:
-                self._build_tree_graph(progress)
+                self.compiling.add_tree_graph(progress)
             if self.speculation.drafter in ("head", "auto"):  # loaded and checked now, not in a reply
-                self._fitting_head()
-            # a CPU build that an earlier start (or build_compiled) finished: seconds from inductor's cache, before "Ready"
-            if self._may_compile_later() and compile_build.is_built(self.target, self._compiled_capture()):
-                self._compile_notice = self._compile_from_cache(progress, not self.tree_graph_later) or ""
-            self._compile_draft(progress)
+                self.fitting_head()
+            self.compiling.read_back(progress, trees=not self.tree_graph_later)
+
+    # --- compiled paths (engine.compiled_paths) -------------------------------------------------
+
+    @property
+    def runs_compiled(self) -> bool:
+        """Whether the target's forward runs compiled now."""
+        return self.compiling.runs_compiled
+
+    def optimize_in_background(
+        self,
+        progress: ProgressCallback | None = None,
+        on_done: Callable[[str], None] | None = None,
+    ) -> bool:
+        """Builds the compiled forwards beside the replies and switches to them between replies
+        (CompileManager.optimize_in_background); False when there is nothing to build."""
+        return self.compiling.optimize_in_background(progress, on_done)
+
+    def build_compiled(self, progress: ProgressCallback | None = None) -> None:
+        """Builds now what a CPU start builds in the background (CompileManager.build_compiled)."""
+        self.compiling.build_compiled(progress)
+
+    def build_tree_graph(self, progress: ProgressCallback | None = None) -> bool:
+        """The token-tree graph that prepare left out (tree_graph_later), where it is due; True once built."""
+        return self.compiling.build_tree_graph(progress)
+
+    def _head_layers(self) -> tuple[int, ...]:
+        """The target's layers a fitting draft head reads; () where none fits."""
+        head = self.fitting_head()
+        return tuple(head.wants_hidden) if head is not None else ()
+
+    def _trees_have_room(self) -> bool:
+        """Whether trees are on and the measured verify cost gives a tree room: a verify forward one
+        token wider than a one-token draft's costing at most what that draft's does."""
+        curve = self._verify_curve
+        return (
+            self.speculation.trees and curve is not None and curve.widest_at_cost(2, limit=MAX_TREE_SIZE) > 2
+        )
 
     def _recalibrate(self, progress=None) -> None:
         """Measures the runner's verify cost again (it changed), keeping the curve object the planners hold."""
@@ -268,12 +315,16 @@ class ChatEngine(CompiledPaths):
     @property
     def notices(self) -> list[str]:
         """What the user should know about how the models run (no compilation, generic path)."""
-        runners = [self._runner, getattr(self._model_drafter, "runner", None)]
+        runners = [self._runner, self._draft_runner]
         head = self._head[1].weights if self._head is not None else ""  # at what precision it runs
         optimizing = "Optimizing for this machine in the background; replies run uncompiled until then."
-        found = [optimizing] if self._optimizing else []
-        found += [r.notice for r in runners if r is not None] + [self._compile_notice, head]
+        found = [optimizing] if self.compiling.optimizing else []
+        found += [r.notice for r in runners if r is not None] + [self.compiling.notice, head]
         return list(dict.fromkeys(notice for notice in found if notice))
+
+    @property
+    def _draft_runner(self) -> Runner | None:
+        return self._model_drafter.runner if self._model_drafter is not None else None
 
     # --- internals -----------------------------------------------------------------------------
 
@@ -291,64 +342,51 @@ class ChatEngine(CompiledPaths):
                 f"{limit} tokens, including at least one for the answer."
             )
 
-    def _choose_drafter(self, speculation: SpeculationSettings) -> tuple[Drafter, str]:
-        kind, note = speculation.drafter, ""
-        if kind != "none" and (note := no_drafting_note(self.target, self._runner)):
-            return NoDrafter(self._runner.vocab_size, self._runner.device), note
-        if kind == "model" and self._model_drafter is None:
-            kind, note = "ngram", "No draft model is loaded, so drafting uses n-gram lookup."
-        if kind == "model":
-            return self._model_drafter, note
-        if kind == "ngram":
-            return self._ngram_drafter(speculation), note
-        if kind == "suffix":
-            return self._suffix, note
-        if kind == "head":
-            return self._head_drafter(), note
-        if kind == "auto":
-            members = [self._ngram_drafter(speculation), self._suffix, *self.extra_drafters]
-            members += [d for d in (self._fitting_head(), self._model_drafter) if d is not None]
-            return AutoDrafter(members), note
-        return NoDrafter(self._runner.vocab_size, self._runner.device), note
+    # --- the drafters it keeps (engine.drafter_registry.DrafterSource) ---------------------------
 
-    def _head_drafter(self) -> Drafter:
+    def head_drafter(self) -> HeadDrafter:
         """The draft head, loaded on first use (IncompatibleDraftError when none fits the target)."""
-        from engine.decoding.drafters.head import head_drafter
+        from engine.decoding.drafters.head import head_drafter as load_head
 
         choice = (self.head_source, self.head_vocab)
         if self._head is None or self._head[0] != choice:
-            self._head = (choice, head_drafter(self.target, self._runner, *choice))
+            self._head = (choice, load_head(self.target, self._runner, *choice))
         return self._head[1]
 
-    def _fitting_head(self) -> Drafter | None:
+    def fitting_head(self) -> HeadDrafter | None:
         """The draft head for `auto`, when one fits this target (shipped or head_source); else None."""
         from engine.errors import IncompatibleDraftError
 
         try:
-            return self._head_drafter()
+            return self.head_drafter()
         except IncompatibleDraftError:  # none ships for this target, or it was trained for another
             return None
 
-    def _ngram_drafter(self, speculation: SpeculationSettings) -> NgramDrafter:
+    def ngram_drafter(self, speculation: SpeculationSettings) -> NgramDrafter:
         sizes = (speculation.ngram_min, speculation.ngram_max)
         if self._ngram is None or (self._ngram.ngram_min, self._ngram.ngram_max) != sizes:
             self._ngram = NgramDrafter(self._runner.vocab_size, self._runner.device, *sizes)
         return self._ngram
 
-    def _planner(self, drafter: Drafter, speculation: SpeculationSettings) -> DraftPlanner:
+    def suffix_drafter(self) -> SuffixDrafter:
+        return self._suffix
+
+    def model_drafter(self) -> ModelDrafter | None:
+        return self._model_drafter
+
+    def _planner(self, choice: DrafterChoice, speculation: SpeculationSettings) -> DraftPlanner:
         """The planner for this drafter choice, kept while its drafters stay the same objects."""
-        members = drafter.members if isinstance(drafter, AutoDrafter) else [drafter]
-        identity = tuple(id(member) for member in members)
-        kept = self._planners.get(drafter.name)
+        identity = tuple(id(member) for member in choice.drafters)
+        kept = self._planners.get(choice.name)
         if kept is None or kept[0] != identity:
             previous = kept[1] if kept else None
-            planner = planner_for(drafter, speculation, self._verify_curve, previous)
+            planner = planner_for(choice.drafters, speculation, self._verify_curve, previous, choice.name)
             if self.remember_drafters and drafter_memory.enabled():
                 # the drafters new to this planner begin from what an earlier start measured of them
                 inherited = {id(member) for member in previous.drafters} if previous else set()
                 new = {member.name for member in planner.drafters if id(member) not in inherited}
                 drafter_memory.recall(planner, self._drafter_memory_key(), only=new)
-            kept = self._planners[drafter.name] = (identity, planner)
+            kept = self._planners[choice.name] = (identity, planner)
         for _, controller in kept[1].members:
             controller.speculation = speculation
         return kept[1]

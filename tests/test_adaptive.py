@@ -7,16 +7,17 @@ and synthetic drafters whose acceptance is geometric, bimodal or zero; no wall c
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import pytest
 
 from engine.decoding.acceptance import AcceptanceModel
-from engine.decoding.adaptive import KController, expected_tokens
-from engine.decoding.drafters import Drafter, Lookahead
+from engine.decoding.adaptive import KController, ProbeSchedule, expected_tokens
+from engine.decoding.drafters import Lookahead
 from engine.decoding.planner import DraftPlanner
+from engine.decoding.speculative import RoundResult
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.settings import SpeculationSettings
+from tests.fake_drafters import ConfidentDrafter, EmptyDrafter
 
 
 def curve_of(points):
@@ -215,7 +216,7 @@ def test_a_probe_the_confidence_stop_left_empty_counts_as_lost():
     for _ in range(500):
         chosen = k.choose(limit=100)
         if chosen:
-            probes.append(k._probe_interval)
+            probes.append(k.schedule.interval)
             k.observe(chosen, drafted=0, accepted=0, draft_s=0.007, verify_s=0.1)
     assert len(probes) >= 3 and probes == sorted(probes) and probes[-1] >= 4 * probes[0]
 
@@ -256,7 +257,7 @@ def test_fixed_k_and_limit():
 def test_first_round_probes_before_anything_is_measured():
     assert (
         KController(SpeculationSettings(max_k=8), VerifyCostCurve()).choose(limit=100)
-        == KController.PROBE_K
+        == ProbeSchedule.PROBE_K
         == 2
     )
 
@@ -279,7 +280,7 @@ def true_verify(n):
     return curve_of(TRUE_VERIFY)._interpolate(n)
 
 
-class SyntheticDrafter(Drafter):
+class SyntheticDrafter(EmptyDrafter):
     """A drafter reduced to its statistics: `outcome(rng, k, condition)` is how many of k drafts the
     target accepts. A lookup-like one tells its match condition in advance, as NgramDrafter does."""
 
@@ -311,18 +312,18 @@ def bimodal_outcome(right_by_condition):
     return outcome
 
 
-@dataclass
-class SimulatedRound:
-    drafted: int
-    num_accepted: int
-    draft_s: float
-    verify_s: float
-    catch_up_s: float
-    verify_size: int
-    tree_nodes: int = 0
-    off_chain: bool = False
-    side_chance: bool = False
-    chain_accepted: int | None = None
+def simulated_round(
+    drafted: int, accepted: int, draft_s: float, verify_s: float, verify_size: int
+) -> RoundResult:
+    """A chain round as the loop reports it; its tokens stay empty, as the planner never reads them."""
+    return RoundResult(
+        tokens=[],
+        drafted=drafted,
+        num_accepted=accepted,
+        draft_s=draft_s,
+        verify_s=verify_s,
+        verify_size=verify_size,
+    )
 
 
 def text_conditions(rng, drafter, length, mean_run=24):
@@ -356,7 +357,7 @@ def simulate(drafters, k=None, tokens=6000, seed=0):
         draft_s = plan.k * plan.drafter.draft_step_s if plan.k else 0.0
         size = max(plan.verify_size, plan.k + 1)
         verify_s = true_verify(size)
-        planner.observe(plan, SimulatedRound(plan.k, accepted, draft_s, verify_s, 0.0, size))
+        planner.observe(plan, simulated_round(plan.k, accepted, draft_s, verify_s, size))
         emitted, seconds = emitted + accepted + 1, seconds + draft_s + verify_s
     return emitted / seconds
 
@@ -437,7 +438,7 @@ def test_a_draft_as_slow_as_the_target_is_hardly_probed_even_over_many_short_rep
             plan = planner.plan([], limit=16)
             draft_s = plan.k * drafter.draft_step_s
             size = max(plan.verify_size, plan.k + 1)
-            planner.observe(plan, SimulatedRound(plan.k, plan.k, draft_s, true_verify(size), 0.0, size))
+            planner.observe(plan, simulated_round(plan.k, plan.k, draft_s, true_verify(size), size))
             drafted_rounds.append(plan.k > 0)
     assert sum(drafted_rounds[128:]) <= 2, sum(drafted_rounds)
 
@@ -454,7 +455,7 @@ def test_one_slow_first_draft_step_does_not_condemn_a_good_drafter():
         accepted = drafter.outcome(rng, plan.k, None) if plan.k else 0
         draft_s = plan.k * drafter.draft_step_s * (30 if round_index == 0 else 1)
         size = max(plan.verify_size, plan.k + 1)
-        planner.observe(plan, SimulatedRound(plan.k, accepted, draft_s, true_verify(size), 0.0, size))
+        planner.observe(plan, simulated_round(plan.k, accepted, draft_s, true_verify(size), size))
         drafted_rounds.append(plan.k > 0)
     assert sum(drafted_rounds[200:]) > 150
 
@@ -483,7 +484,7 @@ def test_acceptance_follows_a_prompt_where_the_draft_is_suddenly_poor():
                 accepted = drafter.outcome(rng, plan.k, None) if plan.k else 0
                 draft_s = plan.k * drafter.draft_step_s
                 size = max(plan.verify_size, plan.k + 1)
-                planner.observe(plan, SimulatedRound(plan.k, accepted, draft_s, true_verify(size), 0.0, size))
+                planner.observe(plan, simulated_round(plan.k, accepted, draft_s, true_verify(size), size))
                 emitted, seconds = emitted + accepted + 1, seconds + draft_s + true_verify(size)
         return emitted / seconds  # plain decoding: 1 token per true_verify(1) = 1 s
 
@@ -494,13 +495,13 @@ def test_a_drafter_whose_later_tokens_are_no_likelier_starts_with_shorter_drafts
     """A lookup match that was right once is usually right again (prior 0.8 after an accepted token);
     a draft head's second token is about as likely as its first. A drafter says so through its
     acceptance_prior, and adaptive K starts from it."""
-    from engine.decoding.speculative import acceptance_for
+    from engine.decoding.planner import acceptance_for
 
-    class HeadLike(Drafter):
-        acceptance_prior = (0.5, 0.44)
+    class HeadLike(EmptyDrafter):
+        acceptance_prior, acceptance_prior_weight = (0.5, 0.44), 1.0
 
     curve = curve_of({1: 0.015, 2: 0.017, 3: 0.019, 5: 0.022, 9: 0.032})
-    lookup_like = KController(SpeculationSettings(), curve, acceptance=acceptance_for(Drafter()))
+    lookup_like = KController(SpeculationSettings(), curve, acceptance=acceptance_for(EmptyDrafter()))
     head_like = KController(SpeculationSettings(), curve, acceptance=acceptance_for(HeadLike()))
     for k in (lookup_like, head_like):
         k.optimism = 0.0
@@ -514,12 +515,12 @@ def test_a_drafter_that_stops_by_its_confidence_is_judged_by_its_measured_accept
     draft at a loss. Its stop rule already picks each round's tokens by confidence, so it is judged by
     what it measured; a lookup with the same figures still gets the benefit of the doubt."""
 
-    class HeadLike(Drafter):
-        confidence_stops = True
+    class HeadLike(ConfidentDrafter):
+        pass
 
     curve = curve_of({1: 0.1, 2: 0.124, 3: 0.15, 5: 0.2})
     controllers = {}
-    for name, drafter in (("head", HeadLike()), ("lookup", Drafter())):
+    for name, drafter in (("head", HeadLike()), ("lookup", EmptyDrafter())):
         k = KController.for_drafter(drafter, SpeculationSettings(), curve)
         for round_index in range(40):  # acceptance 0.4 at K = 1 (break-even 0.44), draft steps 0.02 s
             k.observe(1, drafted=1, accepted=round_index % 20 < 8, draft_s=0.02, verify_s=0.124)
@@ -564,11 +565,13 @@ def test_padding_a_verify_gives_a_tree_no_room():
     trees on or off. Trees of three or four nodes cost what a chain of three or four does here."""
     curve = curve_of({1: 0.020, 2: 0.023, 3: 0.023, 4: 0.023, 5: 0.021})
     for trees in (False, True):
-        planner = DraftPlanner([(Drafter(), KController(SpeculationSettings(trees=trees), curve))], curve)
+        planner = DraftPlanner(
+            [(EmptyDrafter(), KController(SpeculationSettings(trees=trees), curve))], curve
+        )
         plan = planner._plan(planner.members[0], 1, None, limit=16)
         assert plan.verify_size == 5 and (plan.tree_room is None or plan.tree_room(1) == 2), trees
     curve = curve_of({1: 0.020, 2: 0.020, 3: 0.020, 4: 0.020, 5: 0.020})
-    planner = DraftPlanner([(Drafter(), KController(SpeculationSettings(), curve))], curve)
+    planner = DraftPlanner([(EmptyDrafter(), KController(SpeculationSettings(), curve))], curve)
     assert planner._plan(planner.members[0], 1, None, limit=16).tree_room(1) == 3  # where trees are free
 
 
@@ -594,15 +597,29 @@ def test_side_nodes_are_granted_by_what_they_are_expected_to_save():
     k = KController(SpeculationSettings(), flat)
     for round in range(60):  # trees whose side node never once saved a round the chain lost
         k.observe(
-            1, drafted=1, accepted=round % 2, draft_s=0.0003, verify_s=0.020, verify_size=3,
-            tree=True, side_chance=round % 2 == 0, side_won=False,
-        )  # fmt: skip
+            1,
+            drafted=1,
+            accepted=round % 2,
+            draft_s=0.0003,
+            verify_s=0.020,
+            verify_size=3,
+            tree=True,
+            side_chance=round % 2 == 0,
+            side_won=False,
+        )
     assert k.side_acceptance < 0.05 and k.tree_size(1) == 2
     for round in range(60):
         k.observe(
-            1, drafted=1, accepted=round % 2, draft_s=0.0003, verify_s=0.020, verify_size=3,
-            tree=True, side_chance=round % 2 == 0, side_won=round % 2 == 0,
-        )  # fmt: skip
+            1,
+            drafted=1,
+            accepted=round % 2,
+            draft_s=0.0003,
+            verify_s=0.020,
+            verify_size=3,
+            tree=True,
+            side_chance=round % 2 == 0,
+            side_won=round % 2 == 0,
+        )
     assert k.side_acceptance > 0.5 and k.tree_size(1) == 3
 
 
@@ -621,10 +638,10 @@ def test_a_tree_timed_dear_once_is_tried_again_after_chain_rounds():
 def test_a_new_planner_keeps_what_its_unchanged_drafters_measured():
     """A new member (the n-gram drafter at other sizes) makes a new auto planner; the head in it is
     the same object, and its controller (acceptance, empty rounds, probe pace) goes on where it was."""
-    from engine.decoding.speculative import planner_for
+    from engine.decoding.planner import planner_for
 
     head = SyntheticDrafter("head", geometric_outcome(0.3), 0.03)
-    first = planner_for(head, SpeculationSettings(), curve_of(TRUE_VERIFY))
+    first = planner_for([head], SpeculationSettings(), curve_of(TRUE_VERIFY))
     lookup = SyntheticDrafter("lookup", geometric_outcome(0.3), 0.001)
     second = DraftPlanner([(lookup, KController(SpeculationSettings(), first.curve))], first.curve)
     second.members.append((head, KController(SpeculationSettings(), first.curve)))
@@ -648,9 +665,12 @@ def ks_after_losing_the_second_token_once(acceptance=None, rounds: int = 8) -> l
         ks.append(chosen)
         accepted = 1 if round_ == 0 else chosen
         k.observe(
-            chosen, drafted=chosen, accepted=accepted, draft_s=0.009 * chosen,
+            chosen,
+            drafted=chosen,
+            accepted=accepted,
+            draft_s=0.009 * chosen,
             verify_s=curve.estimate(chosen + 1),
-        )  # fmt: skip
+        )
     return ks
 
 
@@ -660,9 +680,9 @@ def test_a_copy_whose_probe_lost_its_second_token_is_not_held_at_one_token(monke
     guess, that one rejection halved the second position's estimate and K stayed at 1 for the rest of
     the reply, as rounds of one token never decide the second position again."""
     from engine.decoding.drafters.model import CHECKED_PRIOR_WEIGHT
-    from engine.decoding.speculative import acceptance_for
+    from engine.decoding.planner import acceptance_for
 
-    class CheckedCopy(Drafter):
+    class CheckedCopy(EmptyDrafter):
         acceptance_prior = (0.98, 0.98)
         acceptance_prior_weight = CHECKED_PRIOR_WEIGHT
 
@@ -670,7 +690,7 @@ def test_a_copy_whose_probe_lost_its_second_token_is_not_held_at_one_token(monke
         acceptance_prior_weight = 1.0
 
     checked = ks_after_losing_the_second_token_once(acceptance_for(CheckedCopy()))
-    assert checked[0] == KController.PROBE_K and min(checked[2:]) >= 4, checked
+    assert checked[0] == ProbeSchedule.PROBE_K and min(checked[2:]) >= 4, checked
     monkeypatch.setattr(KController, "STRETCH_AFTER", 10**9)  # without the stretch (the next test)
     assert max(ks_after_losing_the_second_token_once(acceptance_for(GuessedCopy()))[1:]) == 1
 
@@ -680,7 +700,7 @@ def test_a_drafter_without_a_measured_prior_is_not_held_below_a_position_it_lost
     the second token of its first round and keeps everything after. Rounds that keep all K tokens
     never decide position K, so without a stretch K stays at 1 until the decay forgets that round."""
     stretched = ks_after_losing_the_second_token_once(rounds=12)
-    assert stretched[0] == KController.PROBE_K and max(stretched[-4:]) >= 3, stretched
+    assert stretched[0] == ProbeSchedule.PROBE_K and max(stretched[-4:]) >= 3, stretched
     monkeypatch.setattr(KController, "STRETCH_AFTER", 10**9)
     assert max(ks_after_losing_the_second_token_once(rounds=12)[1:]) == 1  # the trap, without the stretch
 
@@ -692,10 +712,10 @@ def test_a_drafter_that_stops_by_its_confidence_is_priced_at_what_its_rounds_gav
     87 ms (92 tok/s). Its price is now capped by its rounds' real yield."""
     curve = curve_of(TRAP_CURVE)
 
-    class Head(Drafter):
-        name, confidence_stops = "head", True
+    class Head(ConfidentDrafter):
+        name = "head"
 
-    class Copy(Drafter):
+    class Copy(EmptyDrafter):
         name = "copy"
 
     def planner(caps_by_yield: bool) -> DraftPlanner:
@@ -728,14 +748,14 @@ def rounds_of_a_copy_timed_while_the_machine_was_busy(rounds: int = 200) -> list
     for round_index in range(rounds):
         plan = planner.plan([], limit=100)
         if plan.k == 0:
-            planner.observe(plan, SimulatedRound(0, 0, 0.0, TRUE_VERIFY[1], 0.0, 1))
+            planner.observe(plan, simulated_round(0, 0, 0.0, TRUE_VERIFY[1], 1))
             chosen.append("none")
             continue
         busy = 4.0 if round_index < 10 and plan.drafter is copy else 1.0
         accepted = plan.drafter.outcome(rng, plan.k, None)
         size = max(plan.verify_size, plan.k + 1)
         draft_s = plan.k * plan.drafter.draft_step_s * busy
-        planner.observe(plan, SimulatedRound(plan.k, accepted, draft_s, true_verify(size), 0.0, size))
+        planner.observe(plan, simulated_round(plan.k, accepted, draft_s, true_verify(size), size))
         chosen.append(plan.drafter.name)
     return chosen
 
@@ -743,10 +763,10 @@ def rounds_of_a_copy_timed_while_the_machine_was_busy(rounds: int = 200) -> list
 def test_a_drafter_priced_from_a_busy_moment_is_measured_again(monkeypatch):
     """Priced at its busy step (0.73 tokens per target step against the head's 1.1) the copy lost
     every round to the head and, never drafting, was never timed again. Now it gets a round once it
-    has sat out KController.STALE_AFTER of them, since only its step holds it back, and is timed at
+    has sat out ProbeSchedule.STALE_AFTER of them, since only its step holds it back, and is timed at
     its quiet 0.25 (1.7 tokens per step): it drafts from then on."""
     chosen = rounds_of_a_copy_timed_while_the_machine_was_busy()
-    assert "copy" in chosen[2 : 2 + KController.STALE_AFTER + 2]
+    assert "copy" in chosen[2 : 2 + ProbeSchedule.STALE_AFTER + 2]
     assert chosen[100:].count("copy") >= 90, chosen
-    monkeypatch.setattr(KController, "STALE_AFTER", 10**9)
+    monkeypatch.setattr(ProbeSchedule, "STALE_AFTER", 10**9)
     assert rounds_of_a_copy_timed_while_the_machine_was_busy()[2:].count("copy") == 0

@@ -8,12 +8,17 @@ import random
 import pytest
 
 from engine.decoding import drafter_memory
-from engine.decoding.adaptive import KController
-from engine.decoding.drafters import AutoDrafter
-from engine.decoding.speculative import planner_for
+from engine.decoding.adaptive import ProbeSchedule
+from engine.decoding.planner import planner_for
 from engine.session import ChatEngine
 from engine.settings import SamplingSettings, SpeculationSettings
-from tests.test_adaptive import TRUE_VERIFY, SimulatedRound, SyntheticDrafter, curve_of, geometric_outcome
+from tests.test_adaptive import (
+    TRUE_VERIFY,
+    SyntheticDrafter,
+    curve_of,
+    geometric_outcome,
+    simulated_round,
+)
 
 
 @pytest.fixture
@@ -38,7 +43,7 @@ def start(members, rounds: int, path, seed: int = 0) -> list[str]:
     measured; the drafter (and K) of each of its rounds."""
     rng = random.Random(seed)
     curve = curve_of(TRUE_VERIFY)
-    planner = planner_for(AutoDrafter(members), SpeculationSettings(), curve)
+    planner = planner_for(members, SpeculationSettings(), curve)
     drafter_memory.recall(planner, "key", path=path)
     planner.start_reply()
     chosen = []
@@ -46,12 +51,12 @@ def start(members, rounds: int, path, seed: int = 0) -> list[str]:
         plan = planner.plan([], limit=100)
         if plan.k == 0:
             chosen.append("none")
-            planner.observe(plan, SimulatedRound(0, 0, 0.0, TRUE_VERIFY[1], 0.0, 1))
+            planner.observe(plan, simulated_round(0, 0, 0.0, TRUE_VERIFY[1], 1))
             continue
         accepted = plan.drafter.outcome(rng, plan.k, None)
         draft_s = plan.k * plan.drafter.draft_step_s
         size = max(plan.verify_size, plan.k + 1)
-        planner.observe(plan, SimulatedRound(plan.k, accepted, draft_s, curve.estimate(size), 0.0, size))
+        planner.observe(plan, simulated_round(plan.k, accepted, draft_s, curve.estimate(size), size))
         chosen.append(f"{plan.drafter.name}{plan.k}")
     drafter_memory.remember(planner, "key", path=path)
     return chosen
@@ -63,7 +68,7 @@ def test_a_second_start_begins_with_the_drafter_the_first_one_measured_best(tmp_
     assert first[:2] == ["head2", "model2"]  # nothing known: each member is probed first
     second = start(drafters(), 5, path)
     assert all(round.startswith("model") for round in second), second
-    assert int(second[0].removeprefix("model")) > KController.PROBE_K  # no probe: K from what was measured
+    assert int(second[0].removeprefix("model")) > ProbeSchedule.PROBE_K  # no probe: K from what was measured
     fresh = start(drafters(), 5, tmp_path / "other.json")
     assert fresh[:2] == ["head2", "model2"]
 
@@ -73,7 +78,7 @@ def test_what_is_recalled_is_what_was_measured(tmp_path):
     members = drafters()
     start(members, 30, path)
     stored = json.loads(path.read_text())["key"]["drafters"]
-    planner = planner_for(AutoDrafter(drafters()), SpeculationSettings(), curve_of(TRUE_VERIFY))
+    planner = planner_for(drafters(), SpeculationSettings(), curve_of(TRUE_VERIFY))
     assert drafter_memory.recall(planner, "key", path=path) == ["head", "model"]
     for drafter, controller in planner.members:
         assert drafter_memory.controller_memory(controller) == stored[drafter.name]
@@ -86,7 +91,7 @@ def test_a_damaged_file_or_entry_is_learnt_again_without_an_error(tmp_path):
     data = json.loads(path.read_text())
     data["key"]["drafters"]["model"]["accepted"] = "many"
     path.write_text(json.dumps(data))
-    planner = planner_for(AutoDrafter(drafters()), SpeculationSettings(), curve_of(TRUE_VERIFY))
+    planner = planner_for(drafters(), SpeculationSettings(), curve_of(TRUE_VERIFY))
     assert drafter_memory.recall(planner, "key", path=path) == ["head"]
     assert planner.members[1][1].draft_step_s is None  # the malformed one starts from nothing
     path.write_text("{not json")
@@ -119,9 +124,12 @@ def test_the_engine_remembers_its_drafters_and_a_new_one_recalls_them(memory, ma
 def test_turned_off_nothing_is_kept(memory, make_tiny, monkeypatch):
     monkeypatch.setenv("TANDEM_DRAFTER_MEMORY", "off")
     engine = ChatEngine(
-        make_tiny(seed=0), make_tiny(seed=1, layers=1), SpeculationSettings(drafter="model"),
-        SamplingSettings(max_new_tokens=8), remember_drafters=True,
-    )  # fmt: skip
+        make_tiny(seed=0),
+        make_tiny(seed=1, layers=1),
+        SpeculationSettings(drafter="model"),
+        SamplingSettings(max_new_tokens=8),
+        remember_drafters=True,
+    )
     engine.generate_ids([1, 2, 3, 4])
     assert not memory.exists()
 
@@ -145,7 +153,7 @@ def test_a_draft_step_recalled_from_a_busy_start_is_measured_again(tmp_path, mon
     second = second_start(tmp_path / "memory.json")
     assert any(round.startswith("model") for round in second[:3]), second
     assert sum(round.startswith("model") for round in second) >= 35, second
-    monkeypatch.setattr(KController, "recalled_draft_step", lambda self: None)
-    monkeypatch.setattr(KController, "STALE_AFTER", 10**9)
+    monkeypatch.setattr(ProbeSchedule, "recalled", lambda self: None)
+    monkeypatch.setattr(ProbeSchedule, "STALE_AFTER", 10**9)
     stale = second_start(tmp_path / "without.json")
     assert not any(round.startswith("model") for round in stale), stale

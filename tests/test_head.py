@@ -12,7 +12,9 @@ import torch
 from scipy.stats import chisquare
 
 from engine.decoding.drafters.head import HeadDrafter
+from engine.decoding.planner import planner_for
 from engine.decoding.speculative import generate
+from engine.decoding.verify_cost import VerifyCostCurve
 from engine.errors import IncompatibleDraftError
 from engine.heads.head import (
     DraftHead,
@@ -237,21 +239,29 @@ def test_a_published_eagle3_head_loads_and_drafts_losslessly(tmp_path, make_tiny
 
     prompt = builtin_tokenizer("The tiny model says", add_special_tokens=False).input_ids
     sampling = SamplingSettings(max_new_tokens=24)
+    plainly, speculation = SpeculationSettings(drafter="none"), SpeculationSettings(k=4)
     plain = generate(
-        ModelRunner(target.model), _none(target), prompt, sampling, SpeculationSettings(drafter="none"), set(),
+        ModelRunner(target.model),
+        planner_for([], plainly, VerifyCostCurve()),
+        prompt,
+        sampling,
+        plainly,
+        set(),
         builtin_tokenizer,
-    )  # fmt: skip
+    )
     runner = FastRunner(target.model, compiled="off")
     drafter = drafter_for(head, target, runner)
-    ours = generate(runner, drafter, prompt, sampling, SpeculationSettings(k=4), set(), builtin_tokenizer)
+    ours = generate(
+        runner,
+        planner_for([drafter], speculation, VerifyCostCurve()),
+        prompt,
+        sampling,
+        speculation,
+        set(),
+        builtin_tokenizer,
+    )
     assert ours.token_ids == plain.token_ids
     assert ours.stats.drafted > 0
-
-
-def _none(loaded):
-    from engine.decoding.drafters import NoDrafter
-
-    return NoDrafter(loaded.model.config.vocab_size, torch.device("cpu"))
 
 
 def test_a_folder_that_is_not_a_head_gets_a_clear_message(tmp_path, tiny):
@@ -345,10 +355,10 @@ def test_greedy_output_with_the_shipped_head_is_the_targets(builtin_engine, ques
     engine.reset()
     with_head = engine.respond(messages)
     assert with_head.token_ids == alone.token_ids
-    assert (engine._head_drafter().stop_rule is not None) == (k is None)
+    assert (engine.head_drafter().stop_rule is not None) == (k is None)
     assert with_head.stats.drafter == "head"
     training = json.loads((shipped_head_folder(engine.target.name) / "config.json").read_text())["training"]
-    assert engine._head_drafter().acceptance_prior == tuple(training["final_top1_by_step"][:2])
+    assert engine.head_drafter().acceptance_prior == tuple(training["final_top1_by_step"][:2])
     assert with_head.stats.accepted > 0, "the trained head never drafted a token the target kept"
 
 

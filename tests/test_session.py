@@ -25,9 +25,11 @@ def draft(make_tiny):
 
 def greedy_reference(loaded, prompt_ids, max_new_tokens):
     output = loaded.model.generate(
-        torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+        torch.tensor([prompt_ids]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
         eos_token_id=list(loaded.eos_token_ids),
-    )  # fmt: skip
+    )
     return output[0, len(prompt_ids) :].tolist()
 
 
@@ -62,6 +64,21 @@ def test_settings_are_read_at_each_call(target):
     assert engine.respond(messages).stats.drafter == "ngram"
 
 
+def test_every_drafter_setting_is_made_by_the_registry(target):
+    """Each drafter a user can choose has its maker in drafter_registry.DRAFTERS, and each maker gives the
+    drafters a reply with that setting drafts with."""
+    from engine.drafter_registry import DRAFTERS
+    from engine.settings import DRAFTER_KINDS
+
+    assert set(DRAFTERS) == set(DRAFTER_KINDS)
+    engine = ChatEngine(target)
+    names = {
+        kind: [d.name for d in DRAFTERS[kind](engine, engine.speculation).drafters]
+        for kind in ("none", "ngram", "suffix", "auto")
+    }
+    assert names == {"none": [], "ngram": ["ngram"], "suffix": ["suffix"], "auto": ["ngram", "suffix"]}
+
+
 def test_model_drafter_without_a_draft_falls_back_to_ngram(target):
     engine = ChatEngine(
         target, None, SpeculationSettings(drafter="model"), SamplingSettings(max_new_tokens=4)
@@ -82,8 +99,12 @@ def test_streamed_text_equals_final_decode_with_emoji_and_cjk(target, draft):
 
 
 def test_seeded_sampling_through_the_engine_repeats(target, draft):
-    engine = ChatEngine(target, draft, SpeculationSettings(k=3),
-                        SamplingSettings(temperature=0.8, top_k=50, max_new_tokens=12, seed=7))  # fmt: skip
+    engine = ChatEngine(
+        target,
+        draft,
+        SpeculationSettings(k=3),
+        SamplingSettings(temperature=0.8, top_k=50, max_new_tokens=12, seed=7),
+    )
     messages = [{"role": "user", "content": "Tell me a story."}]
     outputs = {engine.respond(messages).token_ids for _ in range(5)}
     assert len(outputs) == 1
@@ -117,8 +138,14 @@ def test_incompatible_draft_is_refused(target, builtin_tokenizer):
 
     from engine.models.loaded import LoadedModel
 
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, vocab_size=1000)  # fmt: skip
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=1000,
+    )
     small = LoadedModel(
         "small", AutoModelForCausalLM.from_config(config), builtin_tokenizer, target.device, target.dtype
     )
@@ -187,7 +214,7 @@ def test_a_quantized_copy_starts_from_its_checked_agreement_with_the_target(tiny
     """The copy's check against the float model measured how often its top-1 token is the target's:
     adaptive K starts from that, not from a coin flip. Another draft model's check says nothing
     about the target, so it starts from the default prior."""
-    from engine.decoding.speculative import acceptance_for
+    from engine.decoding.planner import acceptance_for
     from engine.models.pair import load_pair
 
     float_target, copy = load_pair(str(tiny_model_dir), None, device="cpu", quantization="int8")

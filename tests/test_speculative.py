@@ -7,8 +7,9 @@ import threading
 import pytest
 import torch
 
-from engine.decoding.drafters import AutoDrafter, ModelDrafter, NgramDrafter, NoDrafter, SuffixDrafter
-from engine.decoding.speculative import generate, planner_for, speculative_round
+from engine.decoding.drafters import ModelDrafter, NgramDrafter, SuffixDrafter
+from engine.decoding.planner import planner_for
+from engine.decoding.speculative import generate, speculative_round
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.events import RoundStats, TextPiece
 from engine.runtime.eager import ModelRunner
@@ -46,6 +47,7 @@ def reference(target, prompt_ids):
 
 
 def make_drafter(kind, target, other_draft):
+    """One drafter, or a list of them: several for "auto", none for "none" (plain decoding)."""
     vocab = target.model.config.vocab_size
     if kind == "self":
         return ModelDrafter(ModelRunner(target.model), vocab, "self")
@@ -56,18 +58,30 @@ def make_drafter(kind, target, other_draft):
     if kind == "suffix":
         return SuffixDrafter(vocab, target.device)
     if kind == "auto":
-        others = [make_drafter(name, target, other_draft) for name in ("ngram", "suffix", "other")]
-        return AutoDrafter(others)
-    return NoDrafter(vocab, target.device)
+        return [make_drafter(name, target, other_draft) for name in ("ngram", "suffix", "other")]
+    return []
+
+
+def planned(drafters, speculation):
+    """A fresh planner over a drafter, or a list of them."""
+    return planner_for(drafters if isinstance(drafters, list) else [drafters], speculation, VerifyCostCurve())
 
 
 def run(target, drafter, prompt_ids, k=None, sampling=None, on_event=None, cancel=None, runner=None):
     sampling = sampling or SamplingSettings(max_new_tokens=NEW_TOKENS)
     runner = runner or ModelRunner(target.model)
+    speculation = SpeculationSettings(k=k)
     return generate(
-        runner, drafter, prompt_ids, sampling, SpeculationSettings(k=k), target.eos_token_ids,
-        target.tokenizer, on_event, cancel,
-    )  # fmt: skip
+        runner,
+        planned(drafter, speculation),
+        prompt_ids,
+        sampling,
+        speculation,
+        target.eos_token_ids,
+        target.tokenizer,
+        on_event,
+        cancel,
+    )
 
 
 def assert_greedy_equal(model, prompt_ids, ours, reference):
@@ -147,18 +161,29 @@ def test_seeded_sampling_repeats_under_any_k_and_any_drafter(target, other_draft
     target's own seeded sample, whatever K each round used and whichever drafter drafted."""
     sampling = SamplingSettings(temperature=1.0, top_k=50, max_new_tokens=24, seed=77)
     outputs = {
-        (kind, k): run(target, make_drafter(kind, target, other_draft), prompt_ids, k=k, sampling=sampling).token_ids
-        for kind, k in [("none", None), ("other", 1), ("other", 4), ("other", None), ("ngram", 3), ("auto", None),
-                        ("self", 6)]
-    }  # fmt: skip
+        (kind, k): run(
+            target, make_drafter(kind, target, other_draft), prompt_ids, k=k, sampling=sampling
+        ).token_ids
+        for kind, k in [
+            ("none", None),
+            ("other", 1),
+            ("other", 4),
+            ("other", None),
+            ("ngram", 3),
+            ("auto", None),
+            ("self", 6),
+        ]
+    }
     assert len(set(outputs.values())) == 1, outputs
 
 
 @pytest.mark.parametrize("kind", ["other", "ngram"])
 def test_seeded_sampling_repeats_exactly(kind, target, other_draft, prompt_ids):
     sampling = SamplingSettings(temperature=1.0, top_k=50, max_new_tokens=10, seed=1234)
-    outputs = {run(target, make_drafter(kind, target, other_draft), prompt_ids, k=3, sampling=sampling).token_ids
-               for _ in range(20)}  # fmt: skip
+    outputs = {
+        run(target, make_drafter(kind, target, other_draft), prompt_ids, k=3, sampling=sampling).token_ids
+        for _ in range(20)
+    }
     assert len(outputs) == 1
     sampling.seed = 99
     assert (
@@ -203,8 +228,15 @@ def test_cancel_from_another_thread_takes_effect_within_one_forward(target, prom
     drafter = make_drafter("self", target, None)
     timer = threading.Timer(0.2, cancel.set)
     timer.start()
-    finished = run(target, drafter, prompt_ids, k=4, sampling=SamplingSettings(max_new_tokens=100_000),
-                   cancel=cancel, runner=runner)  # fmt: skip
+    finished = run(
+        target,
+        drafter,
+        prompt_ids,
+        k=4,
+        sampling=SamplingSettings(max_new_tokens=100_000),
+        cancel=cancel,
+        runner=runner,
+    )
     timer.join()
     assert finished.reason == "cancelled"
     assert len(forwards_after_cancel) <= 1
@@ -213,16 +245,26 @@ def test_cancel_from_another_thread_takes_effect_within_one_forward(target, prom
 def test_stops_at_the_end_of_the_context(target, other_draft):
     context_length = target.model.config.max_position_embeddings
     prompt_ids = [100 + i % 50 for i in range(context_length - 5)]
-    finished = run(target, make_drafter("other", target, other_draft), prompt_ids, k=8,
-                   sampling=SamplingSettings(max_new_tokens=50))  # fmt: skip
+    finished = run(
+        target,
+        make_drafter("other", target, other_draft),
+        prompt_ids,
+        k=8,
+        sampling=SamplingSettings(max_new_tokens=50),
+    )
     assert finished.reason in ("max_tokens", "eos")
     assert len(prompt_ids) + len(finished.token_ids) <= context_length
 
 
 def test_max_new_tokens_is_exact_with_long_drafts(target, prompt_ids):
     for limit in (1, 2, 5, 9):
-        finished = run(target, make_drafter("self", target, None), prompt_ids, k=8,
-                       sampling=SamplingSettings(max_new_tokens=limit))  # fmt: skip
+        finished = run(
+            target,
+            make_drafter("self", target, None),
+            prompt_ids,
+            k=8,
+            sampling=SamplingSettings(max_new_tokens=limit),
+        )
         assert len(finished.token_ids) == limit or finished.reason == "eos"
 
 
@@ -232,16 +274,24 @@ def test_acceptance_does_not_decay_over_512_tokens_on_the_builtin_model(builtin_
     tokenizer = builtin_model.tokenizer
     prompt_ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
-        add_generation_prompt=True, tokenize=False,
-    )  # fmt: skip
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     prompt_ids = tokenizer(prompt_ids, add_special_tokens=False).input_ids
     runner = ModelRunner(builtin_model.model)
     drafter = ModelDrafter(ModelRunner(builtin_model.model), runner.vocab_size, "self")
     spans = []
+    speculation = SpeculationSettings(k=8)
     finished = generate(
-        runner, drafter, prompt_ids, SamplingSettings(max_new_tokens=512), SpeculationSettings(k=8), set(),
-        tokenizer, lambda e: spans.extend(e.spans) if isinstance(e, TextPiece) else None,
-    )  # fmt: skip
+        runner,
+        planned(drafter, speculation),
+        prompt_ids,
+        SamplingSettings(max_new_tokens=512),
+        speculation,
+        set(),
+        tokenizer,
+        lambda e: spans.extend(e.spans) if isinstance(e, TextPiece) else None,
+    )
     assert len(finished.token_ids) == 512
     assert runner.cache_length == len(prompt_ids) + 511
     first, last = spans[1:129], spans[-128:]
@@ -279,16 +329,14 @@ def test_catching_up_after_plain_rounds_is_not_priced_as_drafting(target, other_
     apart, so that adaptive K does not judge drafting by it and never come back."""
     drafter = make_drafter("other", target, other_draft)
     drafter.begin(SamplingSettings(), None)
-    drafter.catch_up_s = 0.0
-    drafter.propose(prompt_ids, 2)
+    draft = drafter.propose(prompt_ids, 2)
     drafter.update([])
-    assert drafter.catch_up_s > 0  # read the whole prompt
-    drafter.catch_up_s = 0.0
-    drafter.propose(prompt_ids + [5], 2)  # the usual round: one new token
+    assert draft.catch_up_s > 0  # read the whole prompt
+    draft = drafter.propose(prompt_ids + [5], 2)  # the usual round: one new token
     drafter.update([])
-    assert drafter.catch_up_s == 0.0
-    drafter.propose(prompt_ids + [5, 6, 7, 8, 9, 10], 2)  # five plain rounds were skipped
-    assert drafter.catch_up_s > 0
+    assert draft.catch_up_s == 0.0
+    draft = drafter.propose(prompt_ids + [5, 6, 7, 8, 9, 10], 2)  # five plain rounds were skipped
+    assert draft.catch_up_s > 0
 
 
 def test_a_losing_draft_model_reads_the_next_prompt_only_when_it_drafts(
@@ -299,16 +347,21 @@ def test_a_losing_draft_model_reads_the_next_prompt_only_when_it_drafts(
     drafter = make_drafter("other", target, other_draft)
     curve = VerifyCostCurve()
     curve.replace({1: 0.01, 2: 0.011, 5: 0.012})
-    planner = planner_for(drafter, SpeculationSettings(), curve)
+    planner = planner_for([drafter], SpeculationSettings(), curve)
     controller = planner.members[0][1]
     controller.draft_step_s, planner.plain = 1.0, True  # a draft far too slow: plain, a probe in 32 rounds
     read, prefill = [], drafter.prefill
     drafter.prefill = lambda context: (read.append(len(context)), prefill(context))
     sampling = SamplingSettings(max_new_tokens=NEW_TOKENS)
     finished = generate(
-        ModelRunner(target.model), drafter, prompt_ids, sampling, SpeculationSettings(), target.eos_token_ids,
-        target.tokenizer, planner=planner,
-    )  # fmt: skip
+        ModelRunner(target.model),
+        planner,
+        prompt_ids,
+        sampling,
+        SpeculationSettings(),
+        target.eos_token_ids,
+        target.tokenizer,
+    )
     assert list(finished.token_ids) == reference
     assert read == []  # the prompt was not read up front
     assert 0 < sum(k > 0 for k in finished.stats.k_history) <= 2  # the probe caught it up
@@ -409,10 +462,16 @@ def test_p_min_keeps_greedy_output_exact(target, other_draft, prompt_ids, refere
     vocab = target.model.config.vocab_size
     drafter = ModelDrafter(ModelRunner(other_draft.model), vocab, "other")
     _, p_min = _early_stop_case(drafter, prompt_ids, 6)
+    speculation = SpeculationSettings(k=6, p_min=p_min)
     finished = generate(
-        ModelRunner(target.model), drafter, prompt_ids, SamplingSettings(max_new_tokens=NEW_TOKENS),
-        SpeculationSettings(k=6, p_min=p_min), target.eos_token_ids, target.tokenizer,
-    )  # fmt: skip
+        ModelRunner(target.model),
+        planned(drafter, speculation),
+        prompt_ids,
+        SamplingSettings(max_new_tokens=NEW_TOKENS),
+        speculation,
+        target.eos_token_ids,
+        target.tokenizer,
+    )
     assert_greedy_equal(target.model, prompt_ids, list(finished.token_ids), reference)
     assert max(finished.stats.per_position_drafted[:1] or [0]) > 0
 

@@ -55,8 +55,10 @@ def test_stop_at_the_very_start_gives_empty_text(pieces):
 
 @pytest.mark.parametrize("drafter_kind", ["none", "ngram"])
 def test_generation_ends_before_a_stop_string_and_never_streams_it(make_tiny, drafter_kind):
-    from engine.decoding.drafters import NgramDrafter, NoDrafter
+    from engine.decoding.drafters import NgramDrafter
+    from engine.decoding.planner import planner_for
     from engine.decoding.speculative import generate
+    from engine.decoding.verify_cost import VerifyCostCurve
     from engine.events import TextPiece
     from engine.runtime.eager import ModelRunner
     from engine.settings import SamplingSettings, SpeculationSettings
@@ -68,15 +70,19 @@ def test_generation_ends_before_a_stop_string_and_never_streams_it(make_tiny, dr
     vocab = target.model.config.vocab_size
 
     def run(stop=()):
-        drafter = (
-            NgramDrafter(vocab, target.device) if drafter_kind == "ngram" else NoDrafter(vocab, target.device)
-        )
+        drafters = [NgramDrafter(vocab, target.device)] if drafter_kind == "ngram" else []
+        speculation = SpeculationSettings(k=3)
         pieces: list[str] = []
         finished = generate(
-            ModelRunner(target.model), drafter, prompt_ids, SamplingSettings(max_new_tokens=40, stop=stop),
-            SpeculationSettings(k=3), target.eos_token_ids, target.tokenizer,
+            ModelRunner(target.model),
+            planner_for(drafters, speculation, VerifyCostCurve()),
+            prompt_ids,
+            SamplingSettings(max_new_tokens=40, stop=stop),
+            speculation,
+            target.eos_token_ids,
+            target.tokenizer,
             lambda event: pieces.append(event.text) if isinstance(event, TextPiece) else None,
-        )  # fmt: skip
+        )
         return finished, "".join(pieces)
 
     full, full_streamed = run()
@@ -94,7 +100,9 @@ def test_counts_stop_at_the_replys_end_and_match_the_spans(make_tiny, end):
     """A reply that ends inside a round (its end token or a stop string among the accepted drafts)
     counts only the tokens it keeps: one span per token, and as many "draft" spans as accepted."""
     from engine.decoding.drafters import ModelDrafter
+    from engine.decoding.planner import planner_for
     from engine.decoding.speculative import generate
+    from engine.decoding.verify_cost import VerifyCostCurve
     from engine.events import TextPiece
     from engine.runtime.eager import ModelRunner
     from engine.settings import SamplingSettings, SpeculationSettings
@@ -106,12 +114,13 @@ def test_counts_stop_at_the_replys_end_and_match_the_spans(make_tiny, end):
     def run(eos=None, stop=()):
         spans: list = []
         drafter = ModelDrafter(ModelRunner(target.model), vocab, "self")  # the same model: all accepted
+        speculation = SpeculationSettings(k=4)
         finished = generate(
             ModelRunner(target.model),
-            drafter,
+            planner_for([drafter], speculation, VerifyCostCurve()),
             prompt_ids,
             SamplingSettings(max_new_tokens=24, stop=stop),
-            SpeculationSettings(k=4),
+            speculation,
             eos if eos is not None else target.eos_token_ids,
             target.tokenizer,
             lambda event: spans.extend(event.spans) if isinstance(event, TextPiece) else None,

@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 from engine.decoding.adaptive import KController
 from engine.decoding.drafters import NgramDrafter, SuffixDrafter
-from engine.decoding.drafters.base import Draft, Drafter
+from engine.decoding.drafters.base import Draft
 from engine.decoding.planner import DraftPlanner
 from engine.decoding.speculative import generate, speculative_round
 from engine.decoding.tree import DraftTree, verify_tree, walk
@@ -16,6 +16,7 @@ from engine.decoding.verify_cost import VerifyCostCurve
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner
 from engine.settings import SamplingSettings, SpeculationSettings
+from tests.fake_drafters import EmptyDrafter
 from tests.tiny_models import build_tiny_llama
 
 CONTEXT = [5, 9, 1, 12, 7, 3]
@@ -86,17 +87,26 @@ def test_greedy_output_with_trees_is_the_targets(builtin_model, drafter_class):
     drafter = drafter_class(vocab, "cpu")
     speculation = SpeculationSettings(drafter="ngram", k=4)
     finished = generate(
-        FastRunner(model, compiled="off"), drafter, prompt, sampling, speculation, set(), tokenizer,
-        planner=flat_planner(drafter, speculation),
-    )  # fmt: skip
+        FastRunner(model, compiled="off"),
+        flat_planner(drafter, speculation),
+        prompt,
+        sampling,
+        speculation,
+        set(),
+        tokenizer,
+    )
     assert list(finished.token_ids) == expected
     assert finished.stats.tree_rounds > 0 and finished.stats.tree_nodes >= finished.stats.tree_rounds
 
     untreed = generate(
-        FastRunner(model, compiled="off"), drafter_class(vocab, "cpu"), prompt, sampling,
-        SpeculationSettings(drafter="ngram", k=4, trees=False), set(), tokenizer,
-        planner=flat_planner(drafter_class(vocab, "cpu"), SpeculationSettings(k=4, trees=False)),
-    )  # fmt: skip
+        FastRunner(model, compiled="off"),
+        flat_planner(drafter_class(vocab, "cpu"), SpeculationSettings(k=4, trees=False)),
+        prompt,
+        sampling,
+        SpeculationSettings(drafter="ngram", k=4, trees=False),
+        set(),
+        tokenizer,
+    )
     assert list(untreed.token_ids) == expected and untreed.stats.tree_rounds == 0
 
 
@@ -186,7 +196,7 @@ def test_a_compiled_engine_builds_the_tree_graph_only_where_trees_get_room(make_
         ({1: 0.010, 2: 0.010, 3: 0.010}, True),
     ):
         engine._verify_curve.seconds = seconds
-        engine._build_tree_graph()
+        engine.compiling.add_tree_graph()
         assert runner.tree_graph == runner.supports_trees == room
     finished = engine.generate_ids([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8])
     assert finished.stats.generated_tokens > 0 and runner.is_compiled
@@ -215,7 +225,7 @@ def test_an_engine_ready_before_its_tree_graph_builds_it_when_asked(make_tiny, m
     assert finished.stats.generated_tokens > 0
 
 
-class FixedTreeDrafter(Drafter):
+class FixedTreeDrafter(EmptyDrafter):
     """Proposes a fixed chain, and one fixed side node under the root in its tree."""
 
     name = "fixed"
@@ -274,9 +284,13 @@ def test_sampling_verifies_chains_and_greedy_decoding_trees(builtin_model):
     for temperature, seed in ((0.7, None), (0.7, 3), (0.0, None)):
         drafter = NgramDrafter(model.config.vocab_size, "cpu")
         finished = generate(
-            FastRunner(model, compiled="off"), drafter, prompt,
-            SamplingSettings(temperature=temperature, seed=seed, max_new_tokens=24), speculation, set(),
-            tokenizer, planner=flat_planner(drafter, speculation),
-        )  # fmt: skip
+            FastRunner(model, compiled="off"),
+            flat_planner(drafter, speculation),
+            prompt,
+            SamplingSettings(temperature=temperature, seed=seed, max_new_tokens=24),
+            speculation,
+            set(),
+            tokenizer,
+        )
         rounds[temperature, seed] = finished.stats.tree_rounds
     assert rounds[0.7, None] == 0 and rounds[0.7, 3] == 0 and rounds[0.0, None] > 0

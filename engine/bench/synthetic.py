@@ -48,28 +48,27 @@ def generate_with(
     target, drafter, prompt: list[int], new_tokens: int, k, temperature: float = 0.0, curve=None, planner=None
 ):
     """One reply; `planner` carries what adaptive K measured over from earlier replies, as the app's does."""
-    from engine.decoding.drafters import NoDrafter
-    from engine.decoding.speculative import generate, planner_for
+    from engine.decoding.planner import planner_for
+    from engine.decoding.speculative import generate
+    from engine.decoding.verify_cost import VerifyCostCurve
     from engine.settings import SamplingSettings, SpeculationSettings
 
     sampling = SamplingSettings(temperature=temperature, max_new_tokens=new_tokens, seed=1)
     speculation = SpeculationSettings(k=k, trees=False)
-    drafter = drafter or NoDrafter(target.vocab_size, target.device)
+    drafters = [drafter] if drafter is not None else []  # none: plain decoding
     target.reset()
-    if hasattr(drafter, "reset"):
-        drafter.reset()
-    if planner is None and curve is not None:
-        planner = planner_for(drafter, speculation, curve)
-    finished = generate(
-        target, drafter, prompt, sampling, speculation, set(), NumberedTokens(), planner=planner
-    )
+    for member in drafters:
+        member.reset()
+    if planner is None:
+        planner = planner_for(drafters, speculation, curve if curve is not None else VerifyCostCurve())
+    finished = generate(target, planner, prompt, sampling, speculation, set(), NumberedTokens())
     return list(finished.token_ids), finished.stats
 
 
 def loop_run(target, drafter, prompts, new_tokens, k, device, curve=None, temperature=0.0) -> dict:
     """Tandem's loop over every prompt (one planner for them all, as over a conversation's turns):
     tokens/s, acceptance, and the round's parts."""
-    from engine.decoding.speculative import planner_for
+    from engine.decoding.planner import planner_for
     from engine.settings import SpeculationSettings
 
     outputs = []
@@ -78,7 +77,7 @@ def loop_run(target, drafter, prompts, new_tokens, k, device, curve=None, temper
     )
     planner = None
     if drafter is not None and curve is not None:
-        planner = planner_for(drafter, SpeculationSettings(k=k, trees=False), curve)
+        planner = planner_for([drafter], SpeculationSettings(k=k, trees=False), curve)
     # untimed, on a planner of its own: first captures and library set-up stay out of the figures
     generate_with(target, drafter, prompts[0], 8, k, temperature)
     for prompt in prompts:
@@ -433,7 +432,16 @@ def main(argv=None) -> int:
         if name not in CONFIGS:
             parser.error(f"unknown model {name!r}: choose from {', '.join(CONFIGS)}")
     warnings.filterwarnings("ignore", category=UserWarning)
-    run(args.pair, torch.device(args.device), getattr(torch, args.dtype), args.prompts, args.prompt_tokens, args.new_tokens, args.out, set(filter(None, args.parts.split(","))))  # fmt: skip
+    run(
+        args.pair,
+        torch.device(args.device),
+        getattr(torch, args.dtype),
+        args.prompts,
+        args.prompt_tokens,
+        args.new_tokens,
+        args.out,
+        set(filter(None, args.parts.split(","))),
+    )
     return 0
 
 

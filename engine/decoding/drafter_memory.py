@@ -9,7 +9,7 @@ copy (kept 96 %) took over; later replies drafted with the copy from their first
 Recalled figures are a prior, never a certainty: each reply holds earlier counts at
 KController.REPLY_MEMORY of their weight and drops them when its own rounds contradict them
 (AcceptanceModel.start_reply), and a recalled draft step counts as stale: the drafter gets a round to
-time it again when only that step keeps it from being chosen (KController.STALE_AFTER).
+time it again when only that step keeps it from being chosen (ProbeSchedule.STALE_AFTER).
 
 One JSON file in the cache dir maps a key (the machine, the target, its draft models) to
 {drafter name: memory}. Writes are atomic; a file that cannot be read is empty, so a damaged file
@@ -86,7 +86,7 @@ def recall_controller(controller: KController, memory: dict) -> None:
     controller.acceptance.set_counts(accepted, decided)
     if step is not None:
         controller.draft_step_s = step
-        controller.recalled_draft_step()
+        controller.schedule.recalled()
     if fastest is not None:
         controller.fastest_draft_step_s = fastest
         controller.draft_steps_seen = max(controller.draft_steps_seen, 2)

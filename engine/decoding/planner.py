@@ -1,5 +1,6 @@
-"""Each round's drafter and K among several drafters (`--draft auto`): the member with the best
-expected tokens per second (engine.decoding.adaptive prices each one), or none."""
+"""Each round's drafter and K among the drafters a planner owns: the one drafter a user chose, several
+(`--draft auto`: the member with the best expected tokens per second, engine.decoding.adaptive prices
+each one), or none (plain decoding)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,18 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
 
-from engine.decoding.adaptive import KController
-from engine.decoding.drafters.base import Drafter, Lookahead
+from engine.decoding.acceptance import AcceptanceModel
+from engine.decoding.adaptive import KController, ProbeSchedule
+from engine.decoding.drafters.base import (
+    Drafter,
+    KnowsItsAcceptance,
+    Lookahead,
+    LooksAhead,
+    StopsByConfidence,
+    capability,
+)
 from engine.decoding.verify_cost import VerifyCostCurve
+from engine.settings import SpeculationSettings
 
 
 @dataclass
@@ -26,6 +36,10 @@ class Plan:
     # than k); None: chains only
     tree_room: Callable[[int], int] | None = None
 
+    @classmethod
+    def plain_step(cls) -> Plan:
+        return cls(None, None, 0, None, 1)
+
     @property
     def drafter_name(self) -> str:
         return self.drafter.name if self.drafter is not None and self.k > 0 else "none"
@@ -41,16 +55,21 @@ class _Option:
 
 
 class DraftPlanner:
-    """Chooses each round's drafter and K: the member with the best expected tokens per second, or
-    none when no member is expected to beat a plain step. One member: that drafter's adaptive K.
+    """Owns the drafters of one choice, each with its controller, and chooses each round's drafter
+    and K: the member with the best expected tokens per second, or none when no member is expected to
+    beat a plain step. One member: that drafter's adaptive K. No member: every round a plain step.
 
     Members never measured are probed first; a member that is not chosen is probed on its own
-    controller's schedule (KController.due_probe), so each one can recover.
+    controller's schedule (ProbeSchedule.due), so each one can recover.
     """
 
-    def __init__(self, members: list[tuple[Drafter, KController]], curve: VerifyCostCurve):
-        assert members, "a planner needs at least one drafter"
+    def __init__(
+        self, members: list[tuple[Drafter, KController]], curve: VerifyCostCurve, name: str | None = None
+    ):
         self.members, self.curve = members, curve
+        # what the stats call this choice: the one drafter's name, "auto" for several, "none" for none
+        default = members[0][0].name if len(members) == 1 else "auto" if members else "none"
+        self.name = name or default
         self.plain = False
 
     @property
@@ -60,7 +79,7 @@ class DraftPlanner:
     def plan(self, context: list[int], limit: int) -> Plan:
         if len(self.members) == 1:
             drafter, controller = self.members[0]
-            hint = drafter.peek(context) if limit > 0 else Lookahead(available=0)
+            hint = peek(drafter, context) if limit > 0 else Lookahead(available=0)
             k = controller.choose(limit, hint)
             self.plain = controller.plain
             return self._plan(self.members[0], k, hint.condition, limit)
@@ -85,13 +104,21 @@ class DraftPlanner:
             return
         # the chain's acceptance is what the models measure: a side node kept is not its next token
         kept = result.num_accepted if result.chain_accepted is None else result.chain_accepted
-        if plan.drafter.stop_rule is not None:  # a confidence drafter's round
-            plan.controller.calibration.observe(plan.drafter.last_confidences, kept)
+        confident = capability(plan.drafter, StopsByConfidence)
+        if confident is not None and confident.stop_rule is not None:
+            plan.controller.calibration.observe(confident.last_confidences, kept)
         plan.controller.observe(
-            plan.k, result.drafted, kept, result.draft_s - result.catch_up_s,
-            result.verify_s, plan.condition, result.verify_size, tree=result.tree_nodes > 0,
-            side_chance=result.side_chance, side_won=result.off_chain,
-        )  # fmt: skip
+            plan.k,
+            result.drafted,
+            kept,
+            result.draft_s - result.catch_up_s,
+            result.verify_s,
+            plan.condition,
+            result.verify_size,
+            tree=result.tree_nodes > 0,
+            side_chance=result.side_chance,
+            side_won=result.off_chain,
+        )
 
     def note(self) -> str:
         if len(self.members) == 1:
@@ -99,24 +126,24 @@ class DraftPlanner:
         return "No drafter is expected to beat the target alone here; decoding plainly." if self.plain else ""
 
     @property
-    def alpha(self) -> float:
-        return max(controller.alpha for _, controller in self.members)
+    def alpha(self) -> float | None:
+        return max((controller.alpha for _, controller in self.members), default=None)
 
     @property
     def draft_step_s(self) -> float | None:
-        return self.members[0][1].draft_step_s
+        return self.members[0][1].draft_step_s if self.members else None
 
     def _plan(self, member, k: int, condition, limit: int) -> Plan:
         drafter, controller = member
         if k <= 0:
-            return Plan(None, None, 0, None, 1)
+            return Plan.plain_step()
         adaptive = controller.speculation.adaptive
-        if drafter.confidence_stops:
+        confident = capability(drafter, StopsByConfidence)
+        if confident is not None:
             # the drafter stops token by token where its confidence says to; K is only the most it may draft
-            rule = (
-                controller.stop_rule(max(k, min(limit, controller.speculation.max_k))) if adaptive else None
-            )
-            drafter.stop_rule = rule
+            most = max(k, min(limit, controller.speculation.max_k))
+            rule = controller.stop_rule(most) if adaptive else None
+            confident.stop_rule = rule
             k = len(rule.verify_s) - 2 if rule is not None else k
         size = self.curve.padded_size(k + 1, limit=limit + 1) if adaptive else k + 1
         # A tree adds no emitted depth (only the cache must hold it), and is priced as a tree: padding
@@ -127,7 +154,7 @@ class DraftPlanner:
     def _plan_among(self, context: list[int], limit: int) -> Plan:
         options: list[_Option] = []
         for index, (drafter, controller) in enumerate(self.members):
-            hint = drafter.peek(context) if limit > 0 else Lookahead(available=0)
+            hint = peek(drafter, context) if limit > 0 else Lookahead(available=0)
             cap = min(limit, controller.speculation.max_k)
             cap = cap if hint.available is None else min(cap, hint.available)
             if cap <= 0:
@@ -142,12 +169,16 @@ class DraftPlanner:
             measured = k is not None
             options.append(
                 _Option(
-                    index, k or min(KController.PROBE_K, cap), rate if measured else None, hint.condition, cap
+                    index,
+                    k or min(ProbeSchedule.PROBE_K, cap),
+                    rate if measured else None,
+                    hint.condition,
+                    cap,
                 )
             )
         if not options:
             self.plain = False
-            return Plan(None, None, 0, None, 1)
+            return Plan.plain_step()
         unmeasured = [option for option in options if option.rate is None]
         if unmeasured:
             return self._option_plan(unmeasured[0], limit)
@@ -165,15 +196,15 @@ class DraftPlanner:
             controller = self.members[option.index][1]
             if option is chosen or not controller.speculation.adaptive:
                 continue
-            controller.sit_out()
-            if controller.due_probe() and chosen is None:
-                option.k = controller.probe_k(option.k, option.cap)
+            controller.schedule.sit_out()
+            if controller.schedule.due() and chosen is None:
+                option.k = controller.schedule.probe_k(option.k, option.cap)
                 chosen = option
-        return self._option_plan(chosen, limit) if chosen is not None else Plan(None, None, 0, None, 1)
+        return self._option_plan(chosen, limit) if chosen is not None else Plan.plain_step()
 
     def _refresh(self, options: list[_Option], chosen: _Option) -> _Option | None:
         """A member whose draft step is stale and that would beat the chosen one if drafting cost
-        nothing (KController.STALE_AFTER)."""
+        nothing (ProbeSchedule.STALE_AFTER)."""
         for option in options:
             controller = self.members[option.index][1]
             if option is chosen or not controller.speculation.adaptive:
@@ -186,3 +217,46 @@ class DraftPlanner:
 
     def _option_plan(self, option: _Option, limit: int) -> Plan:
         return self._plan(self.members[option.index], option.k, option.condition, limit)
+
+
+def peek(drafter: Drafter, context: list[int]) -> Lookahead:
+    """What the drafter's next proposal would be worth; Lookahead() where it cannot tell in advance."""
+    ahead = capability(drafter, LooksAhead)
+    return ahead.peek(context) if ahead is not None else Lookahead()
+
+
+def planner_for(
+    drafters: list[Drafter],
+    speculation: SpeculationSettings,
+    curve: VerifyCostCurve,
+    previous: DraftPlanner | None = None,
+    name: str | None = None,
+) -> DraftPlanner:
+    """A planner over `drafters` (none: plain decoding), one controller each, competing round by round.
+    `previous`: an earlier planner whose controllers carry over for the drafters both share
+    (DraftPlanner.inherit)."""
+    planner = DraftPlanner(
+        [
+            (
+                drafter,
+                KController.for_drafter(drafter, speculation, curve, acceptance=acceptance_for(drafter)),
+            )
+            for drafter in drafters
+        ],
+        curve,
+        name,
+    )
+    if previous is not None:
+        planner.inherit(previous)
+    return planner
+
+
+def acceptance_for(drafter: Drafter) -> AcceptanceModel:
+    """The acceptance model adaptive K starts from: the drafter's own prior where it knows one."""
+    known = capability(drafter, KnowsItsAcceptance)
+    if known is None or known.acceptance_prior is None:
+        return AcceptanceModel()
+    first, after_accept = known.acceptance_prior
+    return AcceptanceModel(
+        prior=first, prior_after_accept=after_accept, prior_weight=known.acceptance_prior_weight
+    )

@@ -14,13 +14,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
-from engine.decoding.acceptance import AcceptanceModel
-from engine.decoding.adaptive import KController
 from engine.decoding.detok import IncrementalDetokenizer
-from engine.decoding.drafters import AutoDrafter, Cancelled, Drafter, NoDrafter, empty_draft
+from engine.decoding.drafters import (
+    BeginsRequests,
+    Cancelled,
+    Drafter,
+    ProposesTrees,
+    ReadsPrompt,
+    ReadsTargetFeatures,
+    capability,
+    empty_draft,
+)
 from engine.decoding.planner import DraftPlanner, Plan
 from engine.decoding.sampling import (
     PositionNoise,
@@ -33,9 +41,9 @@ from engine.decoding.sampling import (
 )
 from engine.decoding.stop import StopMatcher
 from engine.decoding.tree import verify_tree
-from engine.decoding.verify_cost import VerifyCostCurve
 from engine.events import Event, Finished, RoundStats, TextPiece, TokenSpan
-from engine.runtime.eager import ModelRunner, ids_on
+from engine.runtime.eager import ids_on
+from engine.runtime.protocol import Runner, TreeRunner
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 
@@ -75,7 +83,7 @@ def make_noise(sampling: SamplingSettings, device) -> PositionNoise | None:
 
 
 def speculative_round(
-    target: ModelRunner,
+    target: Runner,
     drafter: Drafter | None,
     context: list[int],
     k: int,
@@ -89,8 +97,6 @@ def speculative_round(
 ) -> RoundResult:
     # 1. Draft up to k tokens (k = 0 or no drafter: a plain decoding step).
     clock = RoundClock(target.device)
-    if drafter is not None:
-        drafter.catch_up_s = 0.0
     drafting = drafter is not None and k > 0
     draft = drafter.propose(context, k) if drafting else empty_draft(target.vocab_size, target.device)
     clock.mark()
@@ -102,22 +108,32 @@ def speculative_round(
     # 2a. A token tree: the draft plus the drafter's other candidates, where the plan gives room for
     #     a draft of this length.
     drafted = len(draft)
-    trees = drafting and drafted > 0 and tree_room is not None and getattr(target, "supports_trees", False)
+    branches = capability(drafter, ProposesTrees) if drafting and drafted > 0 else None
+    trees = branches is not None and tree_room is not None and target.supports_trees
     tree_size = tree_room(drafted) if trees else drafted + 1
     if tree_size > drafted + 1:
-        tree = drafter.tree(context, draft.tokens.tolist(), tree_size - 1)
+        tree = branches.tree(context, draft.tokens.tolist(), tree_size - 1)
         if tree is not None:
-            outcome, _ = verify_tree(target, tree, context, sampling, generator, noise)
+            # a runner that supports trees is a TreeRunner
+            outcome, _ = verify_tree(cast(TreeRunner, target), tree, context, sampling, generator, noise)
             clock.mark()
             drafter.update(outcome.accepted)
             off_chain = any(node >= tree.chain_length for node in outcome.path)
             rejected_at = len(outcome.accepted)
-            side_chance = off_chain or (rejected_at < drafted and tree.has_side_node_at(rejected_at))
+            draft_s, verify_s = clock.split()
             return RoundResult(
-                outcome.accepted + [outcome.next_token], drafted, len(outcome.accepted), *clock.split(),
-                drafter.catch_up_s, len(tree) + 1, len(tree) - drafted, off_chain, side_chance,
-                sum(node < tree.chain_length for node in outcome.path),
-            )  # fmt: skip
+                tokens=outcome.accepted + [outcome.next_token],
+                drafted=drafted,
+                num_accepted=len(outcome.accepted),
+                draft_s=draft_s,
+                verify_s=verify_s,
+                catch_up_s=draft.catch_up_s,
+                verify_size=len(tree) + 1,
+                tree_nodes=len(tree) - drafted,
+                off_chain=off_chain,
+                side_chance=off_chain or (rejected_at < drafted and tree.has_side_node_at(rejected_at)),
+                chain_accepted=sum(node < tree.chain_length for node in outcome.path),
+            )
 
     # 2. Verify: one target forward over the last context token and the draft tokens, padded to
     #    `verify_size` when the cost curve says a larger forward is cheaper here (the padding rows
@@ -152,9 +168,16 @@ def speculative_round(
     target.rollback(len(context) + n)  # holds context + accepted; the next token is fed next round
     if drafting:
         drafter.update(accepted)
+    draft_s, verify_s = clock.split()
     return RoundResult(
-        accepted + [next_id], drafted, n, *clock.split(), drafter.catch_up_s if drafter is not None else 0.0, size
-    )  # fmt: skip
+        tokens=accepted + [next_id],
+        drafted=drafted,
+        num_accepted=n,
+        draft_s=draft_s,
+        verify_s=verify_s,
+        catch_up_s=draft.catch_up_s,
+        verify_size=size,
+    )
 
 
 class RoundClock:
@@ -185,42 +208,11 @@ class RoundClock:
         return start.elapsed_time(drafted) / 1000, drafted.elapsed_time(verified) / 1000
 
 
-def planner_for(
-    drafter: Drafter,
-    speculation: SpeculationSettings,
-    curve: VerifyCostCurve,
-    previous: DraftPlanner | None = None,
-) -> DraftPlanner:
-    """One controller per drafter; an AutoDrafter's members compete round by round. `previous`: an
-    earlier planner whose controllers carry over for the drafters both share (DraftPlanner.inherit)."""
-    members = drafter.members if isinstance(drafter, AutoDrafter) else [drafter]
-    planner = DraftPlanner(
-        [
-            (member, KController.for_drafter(member, speculation, curve, acceptance=acceptance_for(member)))
-            for member in members
-        ],
-        curve,
-    )
-    if previous is not None:
-        planner.inherit(previous)
-    return planner
-
-
-def acceptance_for(drafter: Drafter) -> AcceptanceModel:
-    """The acceptance model adaptive K starts from: the drafter's own prior where it knows one."""
-    if drafter.acceptance_prior is None:
-        return AcceptanceModel()
-    first, after_accept = drafter.acceptance_prior
-    return AcceptanceModel(
-        prior=first, prior_after_accept=after_accept, prior_weight=drafter.acceptance_prior_weight
-    )
-
-
 PREFILL_CHUNK = 512  # prompt tokens per target forward; cancelling is checked between chunks
 
 
 def prefill(
-    target: ModelRunner, prompt_ids: list[int], sampling: SamplingSettings, generator, noise=None, cancel=None
+    target: Runner, prompt_ids: list[int], sampling: SamplingSettings, generator, noise=None, cancel=None
 ) -> int:
     """Brings the target cache from prompt_ids[:cache_length] to the whole prompt; returns the first token.
 
@@ -246,8 +238,8 @@ def prefill(
 
 
 def generate(
-    target: ModelRunner,
-    drafter: Drafter,
+    target: Runner,
+    planner: DraftPlanner,
     prompt_ids: list[int],
     sampling: SamplingSettings,
     speculation: SpeculationSettings,
@@ -256,38 +248,38 @@ def generate(
     on_event: Callable[[Event], None] | None = None,
     cancel: threading.Event | None = None,
     *,
-    planner: DraftPlanner | None = None,
     stats: GenerationStats | None = None,
 ) -> Finished:
     """Generates after `prompt_ids`. The target cache must hold prompt_ids[:target.cache_length]
     (anything from an earlier turn that matches); only the rest is prefilled.
 
-    `planner` chooses each round's drafter and K (kept across turns by ChatEngine); by default a
-    fresh one over `drafter` (or over an AutoDrafter's members)."""
+    `planner` owns the drafters and chooses each round's drafter and K (ChatEngine keeps it across
+    turns; planner.planner_for makes one); a planner without drafters decodes plainly."""
     emit = on_event or (lambda event: None)
     stats = stats or GenerationStats()
-    planner = planner or planner_for(drafter, speculation, VerifyCostCurve())
     generator = make_generator(sampling, target.device)
     noise = make_noise(sampling, target.device)
     for member in planner.drafters:
-        member.begin(sampling, generator, cancel, speculation.p_min)
-        member.couple(noise)
+        if (starting := capability(member, BeginsRequests)) is not None:
+            starting.begin(sampling, generator, cancel, speculation.p_min, noise)
     # drafters that read the target's features (draft heads) get them after every forward
-    readers = [member for member in planner.drafters if member.wants_hidden]
+    readers = [
+        reader
+        for member in planner.drafters
+        if (reader := capability(member, ReadsTargetFeatures)) is not None and reader.wants_hidden
+    ]
     target.capture_hidden = readers[0].wants_hidden if readers else ()
     detok = IncrementalDetokenizer(tokenizer)
     stops = StopMatcher(sampling.stop)
     streamed: list[str] = []
-    plain_only = isinstance(drafter, NoDrafter)
     # Token trees for greedy decoding only. A tree's nodes are fixed candidates that the target's own
     # sample must hit: unseeded sampling checks a chain by rejection sampling instead, which keeps more
     # draft tokens than a match of two independent samples would. Seeded sampling draws both from one
     # noise, so trees would keep as much, but on a CPU they measured 2-5 % slower than chains there
     # (README, "token trees sized by what their side nodes save"), where greedy they broke even.
     trees = sampling.greedy
-    if not plain_only:
-        planner.start_reply()
-    stats.drafter = drafter.name
+    planner.start_reply()
+    stats.drafter = planner.name
     stats.k_mode = "fixed" if not speculation.adaptive else "adaptive"
     stats.prompt_tokens = len(prompt_ids)
     base_note = stats.note
@@ -343,14 +335,17 @@ def generate(
     if reason is not None:
         rollback_target_to_context(target, context)
         return finish(reason)
-    if not plain_only:
+    readers_of_prompts = [
+        r for member in planner.drafters if (r := capability(member, ReadsPrompt)) is not None
+    ]
+    if readers_of_prompts:
         # The draft reads the prompt now, as prompt processing: charged to drafting, a long prompt
         # would make every drafted token look expensive and adaptive K would stop drafting.
         drafter_started = time.perf_counter()
         try:
-            for member in planner.drafters:
+            for member in readers_of_prompts:
                 # a draft model that loses here reads the prompt on its next probe, if one comes
-                if not (planner.plain and member.reads_prompt_when_drafting):
+                if not (planner.plain and member.prompt_can_wait):
                     member.prefill(prompt_ids)
         except Cancelled:
             return finish("cancelled")
@@ -361,14 +356,22 @@ def generate(
         if budget <= 0:
             return finish("max_tokens")
         # a runner may verify at most so many tokens at once (FastRunner.verify_limit)
-        most = getattr(target, "verify_limit", None)
+        most = target.verify_limit
         limit = budget - 1 if most is None else min(budget, most) - 1
-        plan = Plan(None, None, 0) if plain_only else planner.plan(context, limit=limit)
+        plan = planner.plan(context, limit=limit)
         try:
             result = speculative_round(
-                target, plan.drafter, context, plan.k, sampling, generator, cancel,
-                verify_size=plan.verify_size, noise=noise, tree_room=plan.tree_room if trees else None,
-            )  # fmt: skip
+                target,
+                plan.drafter,
+                context,
+                plan.k,
+                sampling,
+                generator,
+                cancel,
+                verify_size=plan.verify_size,
+                noise=noise,
+                tree_room=plan.tree_room if trees else None,
+            )
         except Cancelled:
             return finish("cancelled")
         planner.observe(plan, result)
@@ -389,7 +392,7 @@ def generate(
             return finish("cancelled")
 
 
-def rollback_target_to_context(target: ModelRunner, context: list[int]) -> None:
+def rollback_target_to_context(target: Runner, context: list[int]) -> None:
     """After a reply ends early inside a round, drop cached tokens past context[:-1]."""
     target.rollback(min(target.cache_length, len(context) - 1))
 

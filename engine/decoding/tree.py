@@ -8,7 +8,7 @@ any temperature by one rule: at each node the target picks its own next token (a
 the seeded race when seeded, a sample otherwise) and the walk moves to the child holding that token,
 if any. Every emitted token is therefore drawn from the target's distribution given the path so far.
 
-Sizing (engine.decoding.adaptive.KController.tree_size): one side node beside each draft token,
+Sizing (engine.decoding.pricing.Pricer.tree_size): one side node beside each draft token,
 shallowest first, as many as the tokens they are expected to save pay for their dearer verify. What a
 side node saves is measured: how often the chain fails at its depth, and how often a side node was
 right where it did. The price is what trees of that size measured (VerifyCostCurve.tree_price): on
@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.decoding.sampling import PositionNoise, coupled_sample, probs_from_logits, sample
+from engine.runtime.protocol import TreeRunner
 from engine.settings import SamplingSettings
 
 
@@ -107,7 +108,7 @@ def walk(tree: DraftTree, choose) -> TreeOutcome:
 
 
 def verify_tree(
-    target,
+    target: TreeRunner,
     tree: DraftTree,
     context: list[int],
     sampling: SamplingSettings,

@@ -107,7 +107,7 @@ class VerifyCostCurve:
         tree of every size from n + 1 to m costs at most (1 + slack) times the cheapest way to verify n
         tokens (every size up to m: a tree with room for m may hold fewer nodes). ChatEngine builds the
         token-tree graph only where this gives a one-token draft room; each round's tree is then sized
-        by what its side nodes are expected to save (KController.tree_size)."""
+        by what its side nodes are expected to save (Pricer.tree_size)."""
         price = self.estimate(n)
         if price is None:
             return n

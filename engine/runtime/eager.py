@@ -28,7 +28,10 @@ def ids_on(device: torch.device, ids) -> torch.Tensor:
 
 
 class ModelRunner:
+    """A Runner (engine.runtime.protocol) on a transformers DynamicCache."""
+
     supports_trees = False  # no tree attention on a DynamicCache: chains only (see FastRunner)
+    verify_limit: int | None = None  # any number of tokens verifies in one forward
 
     def __init__(self, model, device: torch.device | None = None):
         self.model = model

@@ -1,29 +1,41 @@
-"""Drafters behind one interface (base.Drafter), one module per drafter."""
+"""Drafters behind one small interface (base.Drafter) and the capabilities some of them add, one module per drafter."""
 
-from engine.decoding.drafters.auto import AutoDrafter
 from engine.decoding.drafters.base import (
+    BeginsRequests,
     Cancelled,
     Draft,
     Drafter,
+    KnowsItsAcceptance,
     Lookahead,
+    LooksAhead,
+    ProposesTrees,
+    ReadsPrompt,
+    ReadsTargetFeatures,
+    StopsByConfidence,
+    capability,
     common_prefix_length,
     empty_draft,
 )
 from engine.decoding.drafters.model import ModelDrafter, copy_acceptance_prior
 from engine.decoding.drafters.ngram import NgramDrafter
-from engine.decoding.drafters.plain import NoDrafter
 from engine.decoding.drafters.suffix import SuffixDrafter
 
 __all__ = [
-    "AutoDrafter",
+    "BeginsRequests",
     "Cancelled",
     "Draft",
     "Drafter",
+    "KnowsItsAcceptance",
+    "LooksAhead",
     "Lookahead",
     "ModelDrafter",
     "NgramDrafter",
-    "NoDrafter",
+    "ProposesTrees",
+    "ReadsPrompt",
+    "ReadsTargetFeatures",
+    "StopsByConfidence",
     "SuffixDrafter",
+    "capability",
     "common_prefix_length",
     "copy_acceptance_prior",
     "empty_draft",

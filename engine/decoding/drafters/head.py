@@ -18,7 +18,8 @@ import time
 import torch
 from torch import Tensor
 
-from engine.decoding.drafters.base import Cancelled, Draft, Drafter, common_prefix_length, empty_draft
+from engine.decoding.confidence import StopRule
+from engine.decoding.drafters.base import Cancelled, Draft, common_prefix_length, empty_draft
 from engine.decoding.sampling import probs_from_logits, sample
 from engine.heads.head import DraftHead
 from engine.runtime.attention import attend_rows, rows_kernel_for
@@ -28,9 +29,12 @@ from engine.settings import SamplingSettings
 MAX_PENDING_ROWS = 256
 
 
-class HeadDrafter(Drafter):
-    has_model = True
-    confidence_stops = True
+class HeadDrafter:
+    """A Drafter that begins requests, reads the target's features, stops by its confidence, proposes
+    trees, reads prompts and knows its acceptance."""
+
+    # its features come from the target's forwards, which it must fold in before they pile up
+    prompt_can_wait = False
 
     def __init__(
         self,
@@ -51,6 +55,9 @@ class HeadDrafter(Drafter):
         self.name = name
         self.wants_hidden = tuple(head.config.target_layers)  # what the target's runner must capture
         self.acceptance_prior = acceptance_prior(head.config.training)
+        self.acceptance_prior_weight = 1.0
+        self.stop_rule: StopRule | None = None  # set by the planner before each round
+        self.last_confidences: list[float] = []  # the top probability behind each token last proposed
         self.draft_ids = head.draft_ids  # [N] target id of each draft token
         config = head.config
         shape = (1, config.num_key_value_heads, context_length, config.head_dim)
@@ -76,8 +83,11 @@ class HeadDrafter(Drafter):
     def device(self):
         return self.k_cache.device
 
-    def begin(self, sampling, generator, cancel: threading.Event | None = None, p_min: float = 0.0) -> None:
+    def begin(
+        self, sampling, generator, cancel: threading.Event | None = None, p_min: float = 0.0, noise=None
+    ) -> None:
         self.sampling, self.generator, self.cancel, self.p_min = sampling, generator, cancel, p_min
+        self.noise = noise
 
     def reset(self) -> None:
         self.valid.zero_()
@@ -103,13 +113,13 @@ class HeadDrafter(Drafter):
     def propose(self, context: list[int], k: int) -> Draft:
         started = time.perf_counter()
         read = self._fold_pending()
-        if read > self._drafted + 1:  # features from plain rounds: a one-off cost, not drafting's
-            self.catch_up_s += time.perf_counter() - started
+        # features from plain rounds: a one-off cost, not drafting's
+        catch_up_s = time.perf_counter() - started if read > self._drafted + 1 else 0.0
         position = len(context) - 2  # the entry that scores the first draft token
         k = min(k, self.context_length - 1 - position)
         if self._last is None or self._last[0] != position or self.tokens != list(context) or k <= 0:
             self._drafted, self.last_confidences = 0, []
-            return empty_draft(self.target_vocab_size, self.device)
+            return empty_draft(self.target_vocab_size, self.device, catch_up_s)
         out = self._last[1]  # [C]
         logits = self.head.logits(out)  # [N]
         tokens, probs, runners_up, confidences = [], [], [], []
@@ -146,8 +156,8 @@ class HeadDrafter(Drafter):
         self.last_confidences = confidences
         self._runners_up = runners_up
         if not tokens:
-            return empty_draft(self.target_vocab_size, self.device)
-        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+            return empty_draft(self.target_vocab_size, self.device, catch_up_s)
+        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None, catch_up_s)
 
     def tree(self, context: list[int], draft: list[int], budget: int):
         """The draft, plus at each depth the head's best other token as a leaf, shallowest first

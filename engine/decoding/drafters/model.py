@@ -7,10 +7,10 @@ import time
 
 import torch
 
-from engine.decoding.drafters.base import Cancelled, Draft, Drafter, common_prefix_length, empty_draft
+from engine.decoding.drafters.base import Cancelled, Draft, common_prefix_length, empty_draft
 from engine.decoding.sampling import coupled_sample, probs_from_logits, sample
 from engine.runtime.cache_transfer import copy_cache
-from engine.runtime.eager import ModelRunner
+from engine.runtime.protocol import Runner
 from engine.settings import SamplingSettings
 
 # a prior, not a certainty: one rejected token must still move it
@@ -36,23 +36,28 @@ def copy_acceptance_prior(target, draft) -> tuple[float, float] | None:
     return prior, prior
 
 
-class ModelDrafter(Drafter):
-    """A smaller causal LM (possibly quantized) with its own KV cache, sampling with the target's warpers."""
+class ModelDrafter:
+    """A smaller causal LM (possibly quantized) with its own KV cache, sampling with the target's warpers.
+    A Drafter that begins requests, reads prompts and knows its acceptance."""
 
-    has_model = True
-    reads_prompt_when_drafting = True
+    # its proposals catch up on whatever tokens it skipped, a prompt included
+    prompt_can_wait = True
 
     def __init__(
-        self, runner: ModelRunner, target_vocab_size: int, name: str = "draft", target_device=None,
-        cache_donor=None, acceptance_prior: tuple[float, float] | None = None,
-    ):  # fmt: skip
+        self,
+        runner: Runner,
+        target_vocab_size: int,
+        name: str = "draft",
+        target_device=None,
+        cache_donor: Runner | None = None,
+        acceptance_prior: tuple[float, float] | None = None,
+    ):
         """`cache_donor`: the target's runner, where its cache layout is the draft's (a quantized copy,
         engine.runtime.cache_transfer): the draft then reads skipped tokens, a prompt above all, from it.
         `acceptance_prior`: what adaptive K assumes before measuring, from a quantized copy's check
         (copy_acceptance_prior), worth CHECKED_PRIOR_WEIGHT rounds."""
         self.acceptance_prior = acceptance_prior
-        if acceptance_prior is not None:
-            self.acceptance_prior_weight = CHECKED_PRIOR_WEIGHT
+        self.acceptance_prior_weight = CHECKED_PRIOR_WEIGHT if acceptance_prior is not None else 1.0
         self.runner = runner
         self.cache_donor = cache_donor
         self.target_vocab_size = target_vocab_size
@@ -61,12 +66,15 @@ class ModelDrafter(Drafter):
         self.name = f"model:{name}"
         self.cached_tokens: list[int] = []  # a prefix of what the runner's cache holds
         self._pending: tuple[list[int], int] | None = None  # (context, draft tokens fed to the cache)
+        self._catch_up_s = 0.0  # the last catch-up's seconds, when it read skipped tokens
         self.begin(SamplingSettings(), None)
 
-    def begin(self, sampling, generator, cancel: threading.Event | None = None, p_min: float = 0.0) -> None:
+    def begin(
+        self, sampling, generator, cancel: threading.Event | None = None, p_min: float = 0.0, noise=None
+    ) -> None:
         """`generator` is the request's (on the target's device); the draft samples with its own
         generator on its own device, seeded from the request's so a seeded run repeats."""
-        self.sampling, self.cancel, self.p_min = sampling, cancel, p_min
+        self.sampling, self.cancel, self.p_min, self.noise = sampling, cancel, p_min, noise
         self.generator = generator
         if generator is not None and torch.device(generator.device) != self.runner.device:
             self.generator = torch.Generator(device=self.runner.device)
@@ -82,6 +90,7 @@ class ModelDrafter(Drafter):
         if k <= 0:
             return empty_draft(self.target_vocab_size, self.target_device)
         logits = self._catch_up(context)  # [V_draft]
+        catch_up_s = self._catch_up_s
         tokens, probs, fed = [], [], 0
         for i in range(k):
             if self.p_min > 0 and self._confidence(logits) < self.p_min:
@@ -103,10 +112,11 @@ class ModelDrafter(Drafter):
                 fed += 1
         self._pending = (context, fed)
         if not tokens:
-            return empty_draft(self.target_vocab_size, self.target_device)
+            return empty_draft(self.target_vocab_size, self.target_device, catch_up_s)
         return Draft(
             torch.stack(tokens).to(self.target_device),
             torch.stack(probs).to(self.target_device) if probs else None,
+            catch_up_s,
         )
 
     def prefill(self, context: list[int]) -> None:
@@ -125,13 +135,14 @@ class ModelDrafter(Drafter):
         self.cached_tokens = kept
 
     def _catch_up(self, context: list[int]) -> torch.Tensor:
-        """Bring the cache to exactly `context` (reusing the longest common prefix); the last logits: [V]."""
+        """Bring the cache to exactly `context` (reusing the longest common prefix); the last logits: [V].
+        `_catch_up_s`: the seconds it took where it read tokens the drafter had skipped, else 0."""
         keep = min(
             common_prefix_length(self.cached_tokens, context), len(context) - 1, self.runner.cache_length
         )
         self.runner.rollback(keep)
         self._check_cancel()
-        started = time.perf_counter()
+        started, self._catch_up_s = time.perf_counter(), 0.0
         if self.cache_donor is not None and len(context) - keep > 2:
             # the target's cache holds context[: donor.cache_length] whenever a drafter is asked
             keep = copy_cache(self.cache_donor, self.runner, keep, len(context) - 1)
@@ -140,7 +151,7 @@ class ModelDrafter(Drafter):
         # means the drafter sat out plain rounds (or is reading a new prompt).
         if len(context) - keep > 2:
             self.runner.synchronize()
-            self.catch_up_s += time.perf_counter() - started
+            self._catch_up_s = time.perf_counter() - started
         self.cached_tokens = list(context)
         return logits
 

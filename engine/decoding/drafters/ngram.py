@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import torch
 
-from engine.decoding.drafters.base import Draft, Drafter, Lookahead, empty_draft, match_bucket
+from engine.decoding.drafters.base import Draft, Lookahead, empty_draft, match_bucket
 from engine.decoding.sampling import one_hot
+from engine.settings import SamplingSettings
 
 # how far back a match is followed to measure its length (the condition adaptive K uses)
 MAX_MATCH_LENGTH = 16
 EARLIER_KEPT = 3  # earlier occurrences per n-gram kept as a tree's other branches
 
 
-class NgramDrafter(Drafter):
+class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the context's last n tokens
-    (n from ngram_max down to ngram_min) and propose the tokens that followed it."""
+    (n from ngram_max down to ngram_min) and propose the tokens that followed it.
+    A Drafter that begins requests, looks ahead and proposes trees."""
 
     name = "ngram"
 
     def __init__(self, vocab_size: int, device, ngram_min: int = 1, ngram_max: int = 3):
         self.vocab_size, self.device = vocab_size, device
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
+        self.sampling = SamplingSettings()
         self.reset()
+
+    def begin(self, sampling, generator, cancel=None, p_min=0.0, noise=None) -> None:
+        self.sampling = sampling  # a one-hot draft's distribution is needed only when sampling
+
+    def update(self, accepted: list[int]) -> None:
+        """Nothing to do: the next proposal indexes the context it is given."""
 
     def reset(self) -> None:
         self._seen: list[int] = []  # the context already indexed

@@ -19,13 +19,16 @@ from collections import OrderedDict
 
 import torch
 
-from engine.decoding.drafters.base import Draft, Drafter, Lookahead, empty_draft, match_bucket
+from engine.decoding.drafters.base import Draft, Lookahead, empty_draft, match_bucket
 from engine.decoding.sampling import one_hot
+from engine.settings import SamplingSettings
 
 LOCAL_WEIGHT = 2.0
 
 
-class SuffixDrafter(Drafter):
+class SuffixDrafter:
+    """A Drafter that begins requests, looks ahead and proposes trees."""
+
     name = "suffix"
 
     def __init__(
@@ -44,6 +47,7 @@ class SuffixDrafter(Drafter):
         self.n_min, self.n_max = n_min, n_max
         self.max_entries, self.max_followers = max_entries, max_followers
         self.min_confidence, self.max_draft = min_confidence, max_draft
+        self.sampling = SamplingSettings()
         self._history: OrderedDict[tuple[int, ...], dict[int, float]] = OrderedDict()
         self.reset()
         for sequence in history or []:
@@ -91,6 +95,12 @@ class SuffixDrafter(Drafter):
         self._seen = list(context)
 
     # --- drafting ---------------------------------------------------------------------------------
+
+    def begin(self, sampling, generator, cancel=None, p_min=0.0, noise=None) -> None:
+        self.sampling = sampling  # a one-hot draft's distribution is needed only when sampling
+
+    def update(self, accepted: list[int]) -> None:
+        """Nothing to do: the next proposal indexes the context it is given."""
 
     def peek(self, context: list[int]) -> Lookahead:
         tokens, length = self._walk(context)

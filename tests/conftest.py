@@ -13,10 +13,15 @@ os.environ.setdefault("TANDEM_COMPILE", "off")
 os.environ.setdefault("TANDEM_DRAFTER_MEMORY", "off")
 # Tandem's C++ kernels are built once for the whole run, also for the processes tests start with a
 # cache folder of their own (engine.kernels.native_ops).
+# `make venv` already built them into the environment: the run uses that build.
 if "TANDEM_NATIVE_DIR" not in os.environ:
+    import sys
+    from pathlib import Path
+
     from engine.paths import cache_dir
 
-    os.environ["TANDEM_NATIVE_DIR"] = str(cache_dir() / "native")
+    installed = Path(sys.prefix) / "tandem-native"
+    os.environ["TANDEM_NATIVE_DIR"] = str(installed if installed.is_dir() else cache_dir() / "native")
 
 import pytest  # noqa: E402
 

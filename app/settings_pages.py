@@ -28,7 +28,8 @@ TIPS = {
     "conversation database or the settings.",
     "target": "The model that answers. Its output is exactly what you get: drafting only makes it faster.",
     "target_precision": "The target's precision. Its output is exactly what that precision would give: "
-    "INT8/INT4 save memory, fp32 is the reference. 'default' is bf16/fp16 on a GPU and fp32 on a CPU.",
+    "INT8/INT4 save memory, fp32 is the reference. 'default' runs a GGUF file in its own quantization on "
+    "a CPU (as llama.cpp does), other models at fp32, and bf16/fp16 on a GPU.",
     "drafter": "What proposes tokens for the target to check in one pass. Automatic tries the drafters "
     "on this machine and keeps the fastest; None decodes plainly.",
     "draft": "A small model sharing the target's tokenizer. Models that cannot draft for this target are "

@@ -33,15 +33,16 @@ def add_model_options(parser: argparse.ArgumentParser, default_draft: str | None
         "--quant",
         choices=DRAFT_QUANTIZATIONS,
         default="auto",
-        help="draft quantization (default auto: INT4 where the target's weights are 4-bit blocks "
-        "already, as the built-in model's are, else INT8)",
+        help="the quantized copy's quantization, for a float target (default auto: INT4 where the "
+        "target's weights are 4-bit blocks already, else INT8); a GGUF target in its own blocks gets no copy",
     )
     parser.add_argument(
         "--precision",
         choices=PRECISIONS,
         default=None,
-        help="the target's precision (default: fp32 on CPU, bf16/fp16 on GPU); int8/int4 targets "
-        "are checked kernels whose output is close to, not identical to, fp32",
+        help="the target's precision (default: on a CPU a GGUF runs in its file's own quantization and "
+        "other models at fp32; bf16/fp16 on GPU); int8/int4 targets are checked kernels whose output is "
+        "close to, not identical to, fp32",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument(

@@ -95,3 +95,18 @@ def tiny_model_dir(tmp_path, builtin_tokenizer):
     model.save_pretrained(str(folder))
     builtin_tokenizer.save_pretrained(str(folder))
     return folder
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A conversation database of its own (SQLite, WAL) for one test."""
+    from engine.store.database import Store
+
+    with Store(tmp_path / "tandem.db") as opened:
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def target(make_tiny):
+    """A tiny random Llama (seed 0) shared by one module's tests."""
+    return make_tiny(seed=0)

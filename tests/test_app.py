@@ -25,7 +25,6 @@ from engine.errors import ContextOverflowError, ModelNotFoundError
 from engine.events import Finished, RoundStats, TextPiece, TokenSpan
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
-from engine.store.database import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 # The offscreen platform cannot resize a window to its layout's size hints and says so; that is not ours.
@@ -107,13 +106,6 @@ def factory_for(engine: ScriptedEngine, calls: list | None = None):
         return engine, EngineInfo(request.target, "scripted-draft", "cpu", "int8")
 
     return factory
-
-
-@pytest.fixture
-def store(tmp_path):
-    store = Store(tmp_path / "tandem.db")
-    yield store
-    store.close()
 
 
 def open_window(qtbot, store, engine, calls=None, config: AppConfig | None = None) -> MainWindow:

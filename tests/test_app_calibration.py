@@ -12,14 +12,6 @@ LOAD_TIMEOUT_MS = 480_000  # the first start measures; a busy shared CPU is slow
 pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
 
 
-@pytest.fixture
-def store(tmp_path):
-    from engine.store.database import Store
-
-    with Store(tmp_path / "tandem.db") as opened:
-        yield opened
-
-
 def start(qtbot, store) -> tuple[MainWindow, list[str]]:
     """Open the window and load the built-in pair; returns the window and the states it showed: the
     stages of the load in the status bar's progress, then the activity ("Ready")."""

@@ -16,17 +16,9 @@ from app.bridge import EngineInfo
 from app.config import AppConfig
 from app.main_window import MainWindow
 from app.qt import Qt, QtCore, QtWidgets
-from engine.store.database import Store
 
 pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
 GATE_S = 20  # a gated load waits at most this long; the tests open the gate well before
-
-
-@pytest.fixture
-def store(tmp_path):
-    store = Store(tmp_path / "tandem.db")
-    yield store
-    store.close()
 
 
 @pytest.fixture(autouse=True)

@@ -63,14 +63,6 @@ def credentials_dir(tmp_path, monkeypatch):
     return folder
 
 
-@pytest.fixture
-def store(tmp_path):
-    from engine.store.database import Store
-
-    with Store(tmp_path / "tandem.db") as opened:
-        yield opened
-
-
 def choose_server(qtbot, store, url: str, key: str) -> AppConfig:
     dialog = SettingsDialog(AppConfig(drafter="ngram", max_new_tokens=8), store)
     qtbot.addWidget(dialog)

@@ -19,11 +19,6 @@ def cache_file(tmp_path, monkeypatch):
     return path
 
 
-@pytest.fixture(scope="module")
-def target(make_tiny):
-    return make_tiny(seed=0)
-
-
 @pytest.fixture
 def restart_tolerates_load(monkeypatch):
     """A restart's quick check compares forwards of a millisecond; on a shared host another program's

@@ -11,14 +11,6 @@ from engine.models.builtin import DEFAULT_TARGET
 from engine.settings import MAX_K
 
 
-@pytest.fixture
-def store(tmp_path):
-    from engine.store.database import Store
-
-    with Store(tmp_path / "tandem.db") as opened:
-        yield opened
-
-
 def test_defaults_draft_with_a_quantized_copy_of_the_builtin_target():
     config = AppConfig()
     assert config.target == DEFAULT_TARGET

@@ -344,7 +344,8 @@ CACHE_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_inductor_matches_eager_and_its_cache_is_reused(tmp_path):
-    """Real inductor kernels: decode equals eager; a second process with the same cache compiles faster."""
+    """Real inductor kernels: decode equals eager; a second process with the same cache reads every graph
+    back from it instead of compiling (how long each took is in the runs, not asserted)."""
     from test_compile_build import run_json_script
 
     # "default": the mode the CPU fast path compiles in
@@ -353,7 +354,8 @@ def test_inductor_matches_eager_and_its_cache_is_reused(tmp_path):
     for run in runs:
         assert run["compiled"] and run["notice"] == "", run
         assert run["same_greedy"] and run["max_diff"] < 1e-4, run
-    assert second["seconds"] < first["seconds"], runs
+    assert first["miss"] > 0 and first["hit"] == 0, runs
+    assert second["hit"] == first["miss"] and second["miss"] == 0, runs
     assert any((tmp_path / "inductor").iterdir())
 
 

@@ -16,14 +16,6 @@ LOAD_TIMEOUT_MS = 180_000
 pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
 
 
-@pytest.fixture
-def store(tmp_path):
-    from engine.store.database import Store
-
-    with Store(tmp_path / "tandem.db") as opened:
-        yield opened
-
-
 def open_window(qtbot, store, config: AppConfig) -> MainWindow:
     window = MainWindow(store, config)
     qtbot.addWidget(window)

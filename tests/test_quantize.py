@@ -183,3 +183,5 @@ def test_auto_drafts_in_int4_where_the_targets_weights_are_4bit_blocks_already(b
     assert draft.quantization == "int4"
     native, no_copy = load_pair(DEFAULT_TARGET, None, device="cpu")  # the file's own blocks are the target
     assert native.quantization == "gguf" and no_copy is None
+    # the app names the copy by the target's own spec
+    assert load_pair(DEFAULT_TARGET, DEFAULT_TARGET, device="cpu")[1] is None

@@ -14,11 +14,6 @@ from engine.settings import SamplingSettings, SpeculationSettings
 
 
 @pytest.fixture(scope="module")
-def target(make_tiny):
-    return make_tiny(seed=0)
-
-
-@pytest.fixture(scope="module")
 def draft(make_tiny):
     return make_tiny(seed=1, layers=1)
 

@@ -12,14 +12,6 @@ SWAPPED_IDS = (200, 201)
 PROBE_TIMEOUT_MS = 30_000
 
 
-@pytest.fixture
-def store(tmp_path):
-    from engine.store.database import Store
-
-    with Store(tmp_path / "tandem.db") as opened:
-        yield opened
-
-
 def copy_tokenizer_folder(source, destination):
     """A model folder with the source's config and tokenizer, and no weights."""
     destination.mkdir()

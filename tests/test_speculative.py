@@ -20,11 +20,6 @@ PROMPT = "The cat sat on the mat. The dog sat on the log. The cat sat on the"
 
 
 @pytest.fixture(scope="module")
-def target(make_tiny):
-    return make_tiny(seed=0)
-
-
-@pytest.fixture(scope="module")
 def other_draft(make_tiny):
     return make_tiny(seed=1, layers=1)
 

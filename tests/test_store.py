@@ -48,12 +48,6 @@ json_values = st.recursive(
 stats_dicts = st.dictionaries(st.text(max_size=10), json_values, max_size=6)
 
 
-@pytest.fixture
-def store(tmp_path):
-    with Store(tmp_path / "tandem.db") as s:
-        yield s
-
-
 def _chat(store: Store, turns: int = 2) -> int:
     cid = store.create_conversation("Chat", "org/target", {"k": 4, "drafter": "ngram"}, "Be brief.")
     for i in range(turns):

@@ -36,10 +36,10 @@ def load_pair(
         return target, None
     from engine.models.quantize import draft_quantization_for, rounds_activations
 
-    if draft_spec is None and rounds_activations(target):
+    source = target_spec if draft_spec is None else draft_spec
+    if source == target_spec and rounds_activations(target):
         return target, None  # a quantized copy of a target that is already quantized saves nothing
     draft_device = draft_device or device
-    source = target_spec if draft_spec is None else draft_spec
     if quantization == "auto":
         quantization = draft_quantization_for(target, "auto") if source == target_spec else "int8"
     draft = load_model(source, device=draft_device, dtype=dtype, progress=progress, quantization=quantization)

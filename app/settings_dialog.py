@@ -248,7 +248,7 @@ class SettingsDialog(QtWidgets.QDialog):
         memory = dict(device=config.device, draft_on_cpu=config.draft_on_cpu,
                       dtype={"fp32": "float32", "bf16": "bfloat16"}.get(precision, config.dtype),
                       target_quantization=precision if precision in ("int8", "int4") else "none",
-                      draft_quantization=config.draft_quantization)  # fmt: skip
+                      draft_quantization=config.draft_quantization, target_precision=precision)  # fmt: skip
         self._ask(
             "memory",
             (target, draft if drafting else None, tuple(memory.items())) if local else None,

@@ -190,3 +190,30 @@ print(json.dumps({"added": after - before, "file": loaded.info["file_bytes"], "s
     assert first["added"] <= 1.3 * first["file"], first
     second = run()
     assert not any("tokenizer" in stage for stage in second["stages"]), second["stages"]
+
+
+def test_settings_look_ups_read_the_files_metadata_and_never_convert_it(tmp_path, monkeypatch):
+    """The settings dialog and the model manager ask about the built-in model (can it load, can its
+    copy draft, how much memory): answered from the file's config and tokenizer, with no fp32 folder
+    written, and the memory line weighs the file itself, with no copy beside it."""
+    from engine.models import probes
+    from engine.models.builtin import DEFAULT_TARGET, builtin_entry, builtin_gguf_path
+    from engine.models.memory import GIB
+    from engine.paths import models_cache_dir
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path / "cache"))
+    assert probes.check_target(DEFAULT_TARGET) == ""
+    assert probes.check_draft(DEFAULT_TARGET, DEFAULT_TARGET)[0] is True
+    native = probes.memory_line(DEFAULT_TARGET, DEFAULT_TARGET, device="cpu")
+    fp32 = probes.memory_line(
+        DEFAULT_TARGET, DEFAULT_TARGET, device="cpu", dtype="float32", target_precision="fp32"
+    )
+    assert not (models_cache_dir() / "gguf").exists()  # the fp32 conversion's folder
+    assert (models_cache_dir() / "gguf-native").is_dir()
+
+    def needs(line: str) -> float:
+        return float(line.removeprefix("Needs about ").split(" GiB")[0])
+
+    file_gib = builtin_gguf_path(builtin_entry(DEFAULT_TARGET)).stat().st_size / GIB
+    # the file and its KV cache, against fp32 weights (about 7x the 4-bit file) and an INT8 copy
+    assert needs(native) < needs(fp32) - 4 * file_gib, (native, fp32)

@@ -277,6 +277,18 @@ def native_gguf_file(spec: str, device, precision: str | None, quantization: str
     return None
 
 
+def gguf_metadata(spec: str, progress: ProgressCallback | None = None) -> Path:
+    """The folder with a built-in model's or GGUF file's config and tokenizer, read from the file once
+    (engine.models.gguf_native): what a look-up needs, without converting the weights."""
+    from engine.models.gguf_native import ensure_metadata, metadata_folder
+
+    if is_builtin(spec):
+        path, name = builtin_gguf_path(builtin_entry(spec)), spec.removeprefix(BUILTIN_PREFIX)
+    else:
+        path, name = Path(spec).expanduser(), None
+    return ensure_metadata(path, metadata_folder(path, name), progress)
+
+
 def load_native_gguf(spec: str, path: Path, progress: ProgressCallback | None = None) -> LoadedModel:
     """A GGUF file on the CPU as it is: its quantized blocks are the target (engine.models.gguf_native)."""
     import torch

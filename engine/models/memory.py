@@ -234,9 +234,11 @@ def estimate_memory(
     target_quantization: str = "none",
     draft_quantization: str = "none",
     available: dict[str, int] | None = None,
+    target_weight_bytes: int | None = None,
 ) -> MemoryEstimate:
     """Weights and KV caches of both models against free memory, from configs alone; at
-    `context_length` tokens, by default the context the engine gives the target (cache_tokens_for)."""
+    `context_length` tokens, by default the context the engine gives the target (cache_tokens_for).
+    `target_weight_bytes`: the target's weights where they are known (a GGUF file run as it is)."""
     from engine.models.loaded import resolve_device
 
     if context_length is None:
@@ -255,11 +257,9 @@ def estimate_memory(
         parts[label] = nbytes
         devices[label] = where
 
-    add(
-        "target weights",
-        estimate_weight_bytes(target_config, target_quantization, target_dtype, device),
-        device,
-    )
+    if target_weight_bytes is None:
+        target_weight_bytes = estimate_weight_bytes(target_config, target_quantization, target_dtype, device)
+    add("target weights", target_weight_bytes, device)
     add("target KV cache", kv_cache_bytes(target_config, context_length, target_dtype, device), device)
     if draft_config is not None:
         add(

@@ -6,8 +6,9 @@ tokenizer, importing torch); the app runs them on its worker thread. This module
 torch nor transformers at import time, so the GUI thread may import it.
 
 A probe never downloads: a hub id that is not in the local cache is answered with "not on disk yet".
-Local specs go through `loading.resolve_folder`, the same path loading takes (a built-in model or a
-GGUF file is converted once, as loading would do anyway). The compatibility verdict is always
+Local specs go through `loading.resolve_folder`, the same path loading takes; a built-in model or a
+GGUF file gives the config and tokenizer read from its metadata (once, as loading it on a CPU does),
+and its weights are never converted for a probe. The compatibility verdict is always
 `engine.models.compat`; the catalogue's tokenizer families only stand in while a model is not on disk.
 """
 
@@ -25,11 +26,16 @@ def model_folder(spec: str) -> Path | None:
     """The model's local folder, or None for a hub id not in the cache. Raises for a bad path."""
     from engine.models.loading import resolve_folder, spec_kind
 
-    if spec_kind(spec) == "hub":
+    kind = spec_kind(spec)
+    if kind == "hub":
         from huggingface_hub import try_to_load_from_cache
 
         cached = try_to_load_from_cache(spec, "config.json")
         return Path(cached).parent if isinstance(cached, str) else None
+    if kind in ("builtin", "gguf"):  # its config and tokenizer, without converting the weights
+        from engine.models.loading import gguf_metadata
+
+        return gguf_metadata(spec)
     return resolve_folder(spec)
 
 
@@ -52,12 +58,13 @@ def config_of(spec: str):
 def check_target(spec: str) -> str:
     """'' when the target can be loaded as far as can be told without loading it; raises TandemError
     (ModelNotFoundError, ModelFormatError) with the reason otherwise."""
-    from engine.models.loading import check_model_folder
+    from engine.models.loading import check_model_folder, spec_kind
 
     folder = model_folder(spec)
     if folder is None:
         return "Downloaded from the Hugging Face hub when the models load."
-    check_model_folder(folder)
+    if spec_kind(spec) not in ("builtin", "gguf"):  # a GGUF's weights are its file, read above
+        check_model_folder(folder)
     return ""
 
 
@@ -94,13 +101,21 @@ def memory_line(
     draft_on_cpu: bool = False,
     draft_quantization: str = "none",
     target_quantization: str = "none",
+    target_precision: str = "default",
 ) -> str:
-    """The memory estimate for a pair in one line, or why it cannot be made yet."""
+    """The memory estimate for a pair in one line, or why it cannot be made yet. A GGUF target run on
+    its own blocks weighs its file, and a quantized copy of it is no draft (engine.models.pair)."""
+    from engine.models.loaded import resolve_device
+    from engine.models.loading import native_gguf_file
     from engine.models.memory import estimate_memory
 
     target_config = config_of(target)
     if target_config is None:
         return "Memory estimate available once the target is downloaded."
+    precision = None if target_precision == "default" else target_precision
+    native = native_gguf_file(target, resolve_device(device), precision, target_quantization, dtype)
+    if native is not None and draft == target:
+        draft = None
     draft_config = None
     if draft is not None:
         draft_config = config_of(draft)
@@ -115,6 +130,7 @@ def memory_line(
         draft_dtype=dtype,
         target_quantization=target_quantization,
         draft_quantization=draft_quantization,
+        target_weight_bytes=native.stat().st_size if native is not None else None,
     )
     return estimate.summary
 

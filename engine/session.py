@@ -35,6 +35,7 @@ from engine.models.quantize import no_drafting_note
 from engine.runtime.cache_transfer import shares_cache_layout
 from engine.runtime.fastest_runner import make_runner
 from engine.runtime.protocol import Runner
+from engine.runtime.threads import ThreadChooser
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 
@@ -71,6 +72,8 @@ class ChatEngine:
         self._runner = make_runner(target.model, target.device, compiled, COMPILED_VERIFY_SIZES)
         self._cached_tokens: list[int] = []  # the target cache holds _cached_tokens[: _runner.cache_length]
         self._lock = threading.Lock()
+        # a CPU reply runs on the cores other programs leave free (engine.runtime.threads)
+        self.threads = ThreadChooser() if target.device.type == "cpu" else None
         self._verify_curve: VerifyCostCurve | None = None
         self._step_time_s: float | None = None
         # adaptive state (acceptance, K) per drafter choice, kept across turns
@@ -153,6 +156,8 @@ class ChatEngine:
         self.check_fits(prompt_ids)
         with self._lock:
             self.calibrate()
+            if self.threads is not None:
+                self.threads.choose()
             choice = choose(self, speculation, no_drafting_note(self.target, self._runner))
             planner = self._planner(choice, speculation)
             reused = common_prefix_length(self._cached_tokens[: self._runner.cache_length], prompt_ids)
@@ -178,6 +183,9 @@ class ChatEngine:
                 if on_event is not None:
                     on_event(Failed(f"Generation failed: {error}", traceback.format_exc()))
                 raise
+            finally:
+                if self.threads is not None:
+                    self.threads.reply_ended()
             self._cached_tokens = list(prompt_ids) + list(finished.token_ids)
             if self.remember_drafters and drafter_memory.enabled():
                 drafter_memory.remember(planner, self._drafter_memory_key())

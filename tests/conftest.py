@@ -24,6 +24,11 @@ if "TANDEM_NATIVE_DIR" not in os.environ:
     os.environ["TANDEM_NATIVE_DIR"] = str(installed if installed.is_dir() else cache_dir() / "native")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Every reply on torch's own thread count, whatever else the machine runs (engine.runtime.threads):
+# runs a test compares stay alike; the chooser's own tests lift this.
+os.environ.setdefault("TANDEM_THREADS", str(torch.get_num_threads()))
 
 from engine.models.builtin import DEFAULT_TARGET  # noqa: E402
 from tests.tiny_models import build_tiny_llama  # noqa: E402

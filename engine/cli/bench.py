@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 import sys
 import time
@@ -169,6 +170,11 @@ def load_models(args, methods: list[Method]):
     if not needs_draft_model(methods, kind):
         draft_spec = "none"
     progress = ProgressBar()
+    import torch
+
+    # methods run back to back, llama.cpp's among them: the engine would read those runs as other
+    # programs' load (engine.runtime.threads), so every method runs on torch's thread count
+    os.environ.setdefault("TANDEM_THREADS", str(torch.get_num_threads()))
     try:
         return load_pair(
             args.target,

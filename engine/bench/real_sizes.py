@@ -12,7 +12,7 @@ sentencepiece`). The tokenizer is the built-in model's,
 padded to the config's vocabulary by the converter, so the embedding and LM head have their real size.
 
 For each file, in a process of its own: Tandem's load time, the process's peak RSS beyond what it held
-before loading (resource.getrusage), the file's size, decode speed (one-token steps after a 64-token
+before loading (its VmHWM), the file's size, decode speed (one-token steps after a 64-token
 prompt) and verify cost t(K)/t(1); then llama-bench on the same file (tg and pp, same threads). Load
 cost, memory and step times are real on such files; acceptance is not (the weights are random), so no
 drafting is measured here.
@@ -150,15 +150,18 @@ def run(command: list[str]) -> None:
 
 
 MEASURE = r"""
-import json, resource, sys, time, torch
+import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[2]))
 from engine.models.loading import load_model
 from engine.runtime.fastest_runner import make_runner
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def peak_rss():  # this process's own high-water mark (ru_maxrss would keep the parent's across exec)
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+before = peak_rss()
 start = time.perf_counter()
 loaded = load_model(sys.argv[1], device="cpu")
 load_s = time.perf_counter() - start
-after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+after_load = peak_rss()
 runner = make_runner(loaded.model, compiled="off")
 prompt = [(1000 + i) % runner.vocab_size for i in range(PROMPT_TOKENS)]
 seconds = {}
@@ -170,7 +173,7 @@ with torch.inference_mode():
             runner.rollback(len(prompt))
             t = time.perf_counter(); runner.forward([5] * k); times.append(time.perf_counter() - t)
         seconds[k] = min(times)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = peak_rss()
 print(json.dumps({"load_s": load_s, "rss_before": before, "added_by_load": after_load - before,
                   "added_with_kv": peak - before, "kv_cache_bytes": sum(b.numel() * b.element_size() for n, b in runner.fast.named_buffers() if "cache" in n) if hasattr(runner, "fast") else None,
                   "step_s": seconds, "precision": loaded.info.get("precision"), "notice": runner.notice}))

@@ -10,7 +10,8 @@ import copy
 
 import torch
 
-# Configs as published (config.json) for the pairs the catalogue suggests on a GPU; "tiny" pairs run
+# Configs as published (config.json), written out by hand (the hub is out of reach here): the pairs
+# the catalogue suggests on a GPU and the models engine.bench.real_sizes measures; "tiny" pairs run
 # anywhere, for checking the harness itself.
 CONFIGS = {
     "qwen2.5-7b": dict(
@@ -22,6 +23,25 @@ CONFIGS = {
         model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, rope_theta=1e6,
         rms_norm_eps=1e-6, max_position_embeddings=32768, tie_word_embeddings=True,
+    ),
+    "llama-3.2-1b": dict(
+        model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+    ),
+    "qwen2.5-1.5b": dict(
+        model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+    ),
+    "llama-3.1-8b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
     ),
     "tiny": dict(
         model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=4,

@@ -28,28 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Published configs, written out by hand (the hub is out of reach here).
-CONFIGS = {
-    "llama-3.2-1b": dict(
-        model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
-        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 8192},
-    ),
-    "qwen2.5-1.5b": dict(
-        model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
-    ),
-    "llama-3.1-8b": dict(
-        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 8192},
-    ),
-}  # fmt: skip
+# the published configs measured here (engine.bench.random_pair.CONFIGS)
+MODELS = ("llama-3.2-1b", "qwen2.5-1.5b", "llama-3.1-8b")
 SHARD_BYTES = 2 << 30
 PROMPT_TOKENS = 64
 VERIFY_SIZES = (1, 2, 4, 8)
@@ -79,6 +59,7 @@ def random_folder(name: str, folder: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from engine.bench.random_pair import CONFIGS
     from engine.models.builtin import DEFAULT_TARGET, ensure_builtin
 
     if (folder / "model.safetensors.index.json").is_file():
@@ -211,7 +192,7 @@ def measure_llama_cpp(path: Path, threads: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(CONFIGS))
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--types", default="Q4_K_M,Q8_0")
     parser.add_argument("--work", type=Path, required=True, help="a folder with room for the files")
     parser.add_argument("--threads", type=int, default=2)

@@ -18,9 +18,10 @@ if "TANDEM_NATIVE_DIR" not in os.environ:
     import sys
     from pathlib import Path
 
+    from engine.kernels.native_ops import INSTALLED_FOLDER
     from engine.paths import cache_dir
 
-    installed = Path(sys.prefix) / "tandem-native"
+    installed = Path(sys.prefix) / INSTALLED_FOLDER
     os.environ["TANDEM_NATIVE_DIR"] = str(installed if installed.is_dir() else cache_dir() / "native")
 
 import pytest  # noqa: E402

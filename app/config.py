@@ -46,7 +46,8 @@ class AppConfig:
     device: str = "auto"
     dtype: str = "auto"
     drafter: str = DEFAULT_DRAFTER
-    # Offline, the only draft that shares the target's tokenizer is a quantized copy of the target.
+    # The target's own spec means "a quantized copy": a draft for a float target (GPU, --precision);
+    # a GGUF target on a CPU runs in its own blocks, and no copy of it is loaded.
     draft: str = DEFAULT_TARGET
     draft_quantization: str = "auto"
     draft_on_cpu: bool = False

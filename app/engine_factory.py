@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import SettingsError
+from engine.events import ProgressCallback
 from engine.settings import SamplingSettings, SpeculationSettings
 
 
@@ -65,7 +66,6 @@ class EngineInfo:
     context_length: int | None = None
 
 
-ProgressCallback = Callable[[str, int, int], None]
 # factory(request, progress) -> (engine, info). Runs on the loader thread.
 EngineFactory = Callable[[LoadRequest, ProgressCallback], tuple[Any, EngineInfo]]
 

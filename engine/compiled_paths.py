@@ -13,11 +13,10 @@ import sys
 import threading
 from collections.abc import Callable
 
+from engine.events import ProgressCallback
 from engine.models.loaded import LoadedModel
 from engine.models.quantize import no_drafting_note
 from engine.runtime.protocol import CompilingRunner, Runner
-
-ProgressCallback = Callable[[str, int, int], None]
 
 
 class CompileManager:

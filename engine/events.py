@@ -6,10 +6,15 @@ Every event is an immutable dataclass. A consumer receives them through a plain 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from engine.stats import GenerationStats
+
+# progress(stage, done, total) of a long job (a load, a build, a download): stage is a short human
+# label, done/total are step counts. Called on the thread doing the job.
+ProgressCallback = Callable[[str, int, int], None]
 
 # How a generated token came to be:
 #   "draft"  - proposed by the drafter and accepted by the target;

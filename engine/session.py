@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.compiled_paths import CompileManager, ProgressCallback
+from engine.compiled_paths import CompileManager
 from engine.decoding import drafter_memory
 from engine.decoding.drafters import (
     Drafter,
@@ -28,7 +28,7 @@ from engine.decoding.speculative import generate
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.drafter_registry import DrafterChoice, choose
 from engine.errors import ContextOverflowError
-from engine.events import Event, Failed, Finished
+from engine.events import Event, Failed, Finished, ProgressCallback
 from engine.models.chat_template import chat_prompt_ids
 from engine.models.loaded import LoadedModel
 from engine.models.quantize import no_drafting_note

@@ -318,9 +318,8 @@ def test_a_target_whose_verify_rows_round_apart_runs_alone_and_says_why(make_tin
 def test_no_draft_model_is_loaded_for_a_target_that_rounds_activations(builtin_folder):
     from engine.models.builtin import DEFAULT_TARGET
     from engine.models.pair import load_pair
-    from engine.models.quantize import rounds_activations
 
     target, draft = load_pair(DEFAULT_TARGET, None, device="cpu", target_precision="int4")
     # the block kernel wherever the CPU has AVX2; a weight-only INT4 kernel elsewhere keeps its draft
-    assert (draft is None) == rounds_activations(target)
+    assert (draft is None) == target.rounds_activations
     assert draft is None or target.info["kernel"] != "int4-block-q4_1"

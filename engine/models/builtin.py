@@ -11,18 +11,15 @@ import importlib.util
 import json
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelFormatError, ModelNotFoundError
+from engine.events import ProgressCallback
 from engine.paths import models_cache_dir
 
 BUILTIN_PREFIX = "builtin:"
 COMPLETE_MARKER = "tandem-converted.json"
-
-# progress(stage, done, total): stage is a short human label, done/total are step counts.
-ProgressCallback = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ tokenizer's files, a few megabytes) is kept in the cache folder: later starts re
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from engine.errors import ModelFormatError
 from engine.models.gguf_file import GGUFHeader, TensorEntry, read_header
+from engine.models.source import file_key
 from engine.paths import models_cache_dir
 
 METADATA_MARKER = "tandem-gguf-metadata.json"
@@ -40,10 +40,7 @@ FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 
 def metadata_folder(gguf_path: Path, name: str | None = None) -> Path:
     """Where a GGUF file's config and tokenizer are kept, keyed by its path, size and mtime."""
-    stat = gguf_path.stat()
-    key = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return models_cache_dir() / "gguf-native" / (name or f"{gguf_path.stem}-{digest}")
+    return models_cache_dir() / "gguf-native" / (name or f"{gguf_path.stem}-{file_key(gguf_path)}")
 
 
 def ensure_metadata(gguf_path: Path, folder: Path, progress=None) -> Path:

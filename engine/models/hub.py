@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from engine.errors import ModelNotFoundError, OfflineError
-from engine.models.builtin import ProgressCallback
+from engine.events import ProgressCallback
 
 # Weights as safetensors, configs, and every tokenizer file format; never pickle checkpoints.
 ALLOW_PATTERNS = [

@@ -25,6 +25,14 @@ class LoadedModel:
         return self.spec.removeprefix("builtin:") if self.path is None else self.path.name
 
     @property
+    def rounds_activations(self) -> bool:
+        """Whether its kernel rounds activations per call (a GGUF file on its own blocks, and the
+        quantized kernels that say so in info, engine.kernels.quant_kernels.Kernel): a verify over
+        several tokens is then exact only on a runner whose verify rows are row-exact
+        (Runner.exact_verify)."""
+        return self.quantization == "gguf" or bool(self.info.get("rounds_activations", False))
+
+    @property
     def context_length(self) -> int:
         return context_length_of(self.model.config)
 

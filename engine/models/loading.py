@@ -1,83 +1,49 @@
 """Load a target or draft model with its tokenizer from a model spec.
 
-A spec is one of: `builtin:<name>`, a Hugging Face model folder (safetensors only), a `.gguf`
-file, or a hub id such as `Qwen/Qwen2.5-0.5B-Instruct`. Code shipped with a model is never run.
+One path: the spec is parsed once into a source (engine.models.source), a plan is chosen before
+anything loads (engine.models.plan: the file's own blocks, a float dtype, or a checked quantized
+kernel), and the plan's one loader runs. Code shipped with a model is never run.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from pathlib import Path
 
-from engine.errors import ModelFormatError, ModelNotFoundError
-from engine.models.builtin import (
-    BUILTIN_PREFIX,
-    ProgressCallback,
-    builtin_entry,
-    builtin_gguf_path,
-    convert_gguf_to_folder,
-    ensure_builtin,
-    is_builtin,
-    is_converted,
-)
+from engine.errors import ModelFormatError
+from engine.events import ProgressCallback
+from engine.models.builtin import convert_gguf_to_folder, ensure_builtin, is_converted
 from engine.models.hf import from_pretrained
-from engine.models.hub import download_model, looks_like_hub_id
-from engine.models.loaded import LoadedModel, resolve_device, resolve_dtype
+from engine.models.hub import download_model
+from engine.models.loaded import LoadedModel, resolve_dtype
+from engine.models.plan import LoadPlan, choose_plan
+from engine.models.source import (
+    PICKLE_SUFFIXES,
+    ModelSource,
+    file_key,
+    parse_source,
+    pickle_refusal,
+    spec_kind,
+)
 from engine.paths import models_cache_dir
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+__all__ = ["load_model", "load_tokenizer", "load_config", "spec_kind", "resolve_folder", "native_gguf_file"]
+
 # the files a tokenizer is read from: fast, SentencePiece, BPE, WordPiece; *.tiktoken besides
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
                    "sentencepiece.bpe.model")  # fmt: skip
 
 
-# ---- sources ---------------------------------------------------------------------------------
-
-
-def spec_kind(spec: str) -> str:
-    """'builtin', 'folder', 'gguf' or 'hub'. Raises ModelNotFoundError for a missing path."""
-    if is_builtin(spec):
-        return "builtin"
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return "folder"
-    if path.is_file():
-        if path.suffix.lower() == ".gguf":
-            return "gguf"
-        if path.suffix.lower() in PICKLE_SUFFIXES:
-            raise ModelFormatError(_pickle_refusal(path))
-        raise ModelFormatError(
-            f"'{spec}' is a file but not a GGUF model. Choose a model folder or a .gguf file."
-        )
-    if looks_like_hub_id(spec):
-        return "hub"
-    raise ModelNotFoundError(
-        f"No model at '{spec}': not a built-in name, an existing folder or .gguf file, "
-        "or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
-    )
-
-
-def _pickle_refusal(path: Path) -> str:
-    return (
-        f"Refusing to load '{path}': it is a pickle checkpoint, and loading a pickle can run arbitrary "
-        "code. Use a copy of the model saved as safetensors (most hub models have one)."
-    )
+# ---- the float model's folder ----------------------------------------------------------------
 
 
 def gguf_cache_folder(gguf_path: Path) -> Path:
     """Where a GGUF file's converted safetensors copy lives, keyed by its path, size and mtime."""
-    stat = gguf_path.stat()
-    key = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return models_cache_dir() / "gguf" / f"{gguf_path.stem}-{digest}"
+    return models_cache_dir() / "gguf" / f"{gguf_path.stem}-{file_key(gguf_path)}"
 
 
 def ensure_gguf_converted(gguf_path: Path, progress: ProgressCallback | None = None) -> Path:
-    with gguf_path.open("rb") as handle:
-        if handle.read(4) != b"GGUF":
-            raise ModelFormatError(f"'{gguf_path}' is not a GGUF file (its header is wrong).")
     folder = gguf_cache_folder(gguf_path)
     if is_converted(folder):
         return folder
@@ -85,16 +51,16 @@ def ensure_gguf_converted(gguf_path: Path, progress: ProgressCallback | None = N
     return convert_gguf_to_folder(gguf_path, folder, progress)
 
 
-def resolve_folder(spec: str, progress: ProgressCallback | None = None) -> Path:
+def resolve_folder(spec: str | ModelSource, progress: ProgressCallback | None = None) -> Path:
     """The local safetensors folder for a spec, converting or downloading it first if needed."""
-    kind = spec_kind(spec)
-    if kind == "builtin":
-        return ensure_builtin(spec, progress)
-    if kind == "gguf":
-        return ensure_gguf_converted(Path(spec).expanduser(), progress)
-    if kind == "hub":
-        return download_model(spec, progress)
-    return Path(spec).expanduser()
+    source = spec if isinstance(spec, ModelSource) else parse_source(spec)
+    if source.kind == "builtin":
+        return ensure_builtin(source.spec, progress)
+    if source.kind == "gguf":
+        return ensure_gguf_converted(source.path, progress)
+    if source.kind == "hub":
+        return download_model(source.spec, progress)
+    return source.path
 
 
 # ---- checks before transformers sees a folder -----------------------------------------------
@@ -142,7 +108,7 @@ def check_model_folder(folder: Path) -> list[Path]:
     if not shards:
         pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
         if pickles:
-            raise ModelFormatError(_pickle_refusal(folder / pickles[0]))
+            raise ModelFormatError(pickle_refusal(folder / pickles[0]))
         raise ModelFormatError(
             f"'{folder}' holds no .safetensors weights. Tandem loads only safetensors: pickle "
             "checkpoints (.bin) can run arbitrary code on load."
@@ -170,14 +136,13 @@ def load_config(spec: str):
     """A model's config without its weights (GGUF: read from the file's metadata)."""
     from transformers import AutoConfig
 
-    kind = spec_kind(spec)
-    if kind == "gguf":
-        path = Path(spec).expanduser()
-        folder = gguf_cache_folder(path)
+    source = parse_source(spec)
+    if source.kind == "gguf":
+        folder = gguf_cache_folder(source.path)
         if is_converted(folder):
             return from_pretrained(AutoConfig, folder)
-        return from_pretrained(AutoConfig, path.parent, gguf_file=path.name)
-    return from_pretrained(AutoConfig, resolve_folder(spec))
+        return from_pretrained(AutoConfig, source.path.parent, gguf_file=source.path.name)
+    return from_pretrained(AutoConfig, resolve_folder(source))
 
 
 def load_model(
@@ -189,92 +154,60 @@ def load_model(
     precision: str | None = None,
     kernel: str | None = None,
 ) -> LoadedModel:
-    """Load model and tokenizer.
+    """Load model and tokenizer as engine.models.plan.choose_plan decides.
 
-    `kernel` names the quantized kernel to use (still checked) instead of choosing the fastest here.
-
-    `quantization` is "none", "int8" or "int4" (see engine.models.quantize): the kernel is chosen
-    and checked against the float model here, and named in `info["kernel"]`. `precision`
-    (fp32, bf16, int8, int4) is the same choice said as a target's precision: it sets the dtype or
-    the quantization, and is recorded in `info["precision"]`.
+    `precision` (fp32, bf16, int8, int4) sets the dtype or the quantization and is recorded in
+    `info["precision"]`; `quantization` is "none", "int8" or "int4" (the kernel is chosen and checked
+    against the float model here, and named in `info["kernel"]`); `kernel` names the quantized kernel
+    to use (still checked) instead of choosing the fastest here.
     """
+    source = parse_source(spec)
+    plan = choose_plan(source, device, dtype, precision, quantization, kernel)
+    if plan.kind == "native":
+        return load_native_gguf(source, progress)
+    return load_folder_model(source, plan, progress)
+
+
+def native_gguf_file(spec: str, device: str = "auto", dtype: str = "auto", precision: str | None = None,
+                     quantization: str = "none") -> Path | None:  # fmt: skip
+    """The GGUF file a spec runs on when its plan is the file's own blocks; None for another plan."""
+    source = parse_source(spec)
+    plan = choose_plan(source, device, dtype, precision, quantization)
+    return source.gguf_file if plan.runs_file_blocks else None
+
+
+def load_folder_model(source: ModelSource, plan: LoadPlan, progress: ProgressCallback | None) -> LoadedModel:
+    """The "float" and "quantized" plans: a safetensors folder (a GGUF converted once), then for the
+    latter a kernel checked against the float model (engine.models.quantize)."""
     from transformers import AutoModelForCausalLM
 
     from engine.models.memory import model_memory_bytes
-    from engine.models.quantize import (
-        _reloader,
-        precision_settings,
-        quantization_note,
-        quantize_checked,
-        validate_mode,
-    )
+    from engine.models.quantize import quantization_note, quantize_loaded_model
 
-    if precision is not None:
-        dtype, quantization = precision_settings(precision, dtype, quantization)
-    validate_mode(quantization)
-    torch_device = resolve_device(device)
-    native = native_gguf_file(spec, torch_device, precision, quantization, dtype)
-    if native is not None:
-        return load_native_gguf(spec, native, progress)
-    folder = resolve_folder(spec, progress)
+    folder = resolve_folder(source, progress)
     check_model_folder(folder)
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    torch_dtype = resolve_dtype(plan.dtype, plan.device)
     tokenizer = load_tokenizer(folder)
-    if torch_device.type == "cpu":  # the fast path's kernels: built once, said while it runs
+    if plan.device.type == "cpu":  # the fast path's kernels: built once, said while it runs
         from engine.kernels import native_ops
 
         native_ops.build(progress)
     model = from_pretrained(AutoModelForCausalLM, folder, dtype=torch_dtype)
-    model.to(torch_device)
+    model.to(plan.device)
     model.eval()
     info = {
         "memory_bytes_before": model_memory_bytes(model),
-        "quantization_note": quantization_note(quantization, torch_device),
-        "source": spec_kind(spec),
+        "quantization_note": quantization_note(plan.quantization, plan.device),
+        "source": source.kind,
     }
-    if quantization != "none":
-        if progress is not None:
-            progress(f"Choosing an {quantization.upper()} kernel for this machine", 0, 1)
-        reload = _reloader(folder, torch_device, torch_dtype, quantization)
-        chosen = None
-        if kernel is not None:
-            from engine.kernels.quant_kernels import KERNELS
-
-            chosen = [KERNELS[kernel]]
-        model, kernel_info = quantize_checked(
-            model, tokenizer, quantization, torch_device, folder, reload, kernels=chosen
-        )
-        if progress is not None:
-            progress(f"Choosing an {quantization.upper()} kernel for this machine", 1, 1)
+    if plan.kind == "quantized":
+        model, kernel_info = quantize_loaded_model(model, tokenizer, folder, torch_dtype, plan, progress)
         info.update(kernel_info)
-        model.eval()
     info["memory_bytes"] = model_memory_bytes(model)
-    info["precision"] = precision_name(torch_dtype, quantization)
+    info["precision"] = precision_name(torch_dtype, plan.quantization)
     return LoadedModel(
-        spec, model, tokenizer, torch_device, torch_dtype, quantization, path=folder, info=info
+        source.spec, model, tokenizer, plan.device, torch_dtype, plan.quantization, path=folder, info=info
     )
-
-
-def native_gguf_file(spec: str, device, precision: str | None, quantization: str, dtype: str) -> Path | None:
-    """The GGUF file a spec names when it runs on its own blocks: a GGUF (or built-in) model on the
-    CPU at its default precision. None for a float or requantized choice, a GPU, or a folder."""
-    if (
-        device.type != "cpu"
-        or precision is not None
-        or quantization != "none"
-        or dtype not in ("auto", "float32")
-    ):
-        return None
-    kind = spec_kind(spec)
-    if kind == "builtin":
-        return builtin_gguf_path(builtin_entry(spec))
-    if kind == "gguf":
-        path = Path(spec).expanduser()
-        with path.open("rb") as handle:
-            if handle.read(4) != b"GGUF":
-                raise ModelFormatError(f"'{path}' is not a GGUF file (its header is wrong).")
-        return path
-    return None
 
 
 def gguf_metadata(spec: str, progress: ProgressCallback | None = None) -> Path:
@@ -282,15 +215,13 @@ def gguf_metadata(spec: str, progress: ProgressCallback | None = None) -> Path:
     (engine.models.gguf_native): what a look-up needs, without converting the weights."""
     from engine.models.gguf_native import ensure_metadata, metadata_folder
 
-    if is_builtin(spec):
-        path, name = builtin_gguf_path(builtin_entry(spec)), spec.removeprefix(BUILTIN_PREFIX)
-    else:
-        path, name = Path(spec).expanduser(), None
-    return ensure_metadata(path, metadata_folder(path, name), progress)
+    source = parse_source(spec)
+    return ensure_metadata(source.gguf_file, metadata_folder(source.gguf_file, source.builtin_name), progress)
 
 
-def load_native_gguf(spec: str, path: Path, progress: ProgressCallback | None = None) -> LoadedModel:
-    """A GGUF file on the CPU as it is: its quantized blocks are the target (engine.models.gguf_native)."""
+def load_native_gguf(source: ModelSource, progress: ProgressCallback | None = None) -> LoadedModel:
+    """The "native" plan: a GGUF file on the CPU as it is, its quantized blocks the target
+    (engine.models.gguf_native)."""
     import torch
 
     from engine.kernels import native_ops
@@ -298,9 +229,8 @@ def load_native_gguf(spec: str, path: Path, progress: ProgressCallback | None = 
     from engine.models.memory import model_memory_bytes
 
     native_ops.build(progress)
-    name = spec.removeprefix(BUILTIN_PREFIX) if is_builtin(spec) else None
-    folder = metadata_folder(path, name)
-    model, tokenizer, info = load_native(path, folder, progress)
+    folder = metadata_folder(source.gguf_file, source.builtin_name)
+    model, tokenizer, info = load_native(source.gguf_file, folder, progress)
     info.update(
         memory_bytes=model_memory_bytes(model),
         quantization_note=(
@@ -309,7 +239,7 @@ def load_native_gguf(spec: str, path: Path, progress: ProgressCallback | None = 
         ),
     )
     cpu = torch.device("cpu")
-    return LoadedModel(spec, model, tokenizer, cpu, torch.float32, "gguf", path=folder, info=info)
+    return LoadedModel(source.spec, model, tokenizer, cpu, torch.float32, "gguf", path=folder, info=info)
 
 
 def precision_name(dtype, quantization: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.models.builtin import ProgressCallback
+from engine.events import ProgressCallback
 from engine.models.loaded import LoadedModel
 from engine.models.loading import load_model
 
@@ -34,10 +34,10 @@ def load_pair(
     )
     if draft_spec is not None and draft_spec.lower() in NO_DRAFT_MODEL:
         return target, None
-    from engine.models.quantize import draft_quantization_for, rounds_activations
+    from engine.models.quantize import draft_quantization_for
 
     source = target_spec if draft_spec is None else draft_spec
-    if source == target_spec and rounds_activations(target):
+    if source == target_spec and target.rounds_activations:
         return target, None  # a quantized copy of a target that is already quantized saves nothing
     draft_device = draft_device or device
     if quantization == "auto":

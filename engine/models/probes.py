@@ -105,7 +105,6 @@ def memory_line(
 ) -> str:
     """The memory estimate for a pair in one line, or why it cannot be made yet. A GGUF target run on
     its own blocks weighs its file, and a quantized copy of it is no draft (engine.models.pair)."""
-    from engine.models.loaded import resolve_device
     from engine.models.loading import native_gguf_file
     from engine.models.memory import estimate_memory
 
@@ -113,7 +112,7 @@ def memory_line(
     if target_config is None:
         return "Memory estimate available once the target is downloaded."
     precision = None if target_precision == "default" else target_precision
-    native = native_gguf_file(target, resolve_device(device), precision, target_quantization, dtype)
+    native = native_gguf_file(target, device, dtype, precision, target_quantization)
     if native is not None and draft == target:
         draft = None
     draft_config = None

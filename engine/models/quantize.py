@@ -125,22 +125,11 @@ def load_time_quantization(mode: str, device, dtype) -> dict[str, Any]:
     return {"quantization_config": config, "device_map": device_map}
 
 
-def rounds_activations(loaded) -> bool:
-    """Whether a loaded model's kernel rounds activations per call (see quant_kernels.Kernel); a GGUF
-    file run on its own blocks does (engine.kernels.gguf_quant)."""
-    from engine.kernels.quant_kernels import KERNELS
-
-    if loaded.quantization == "gguf":
-        return True
-    kernel = KERNELS.get(loaded.info.get("kernel") or "")
-    return loaded.quantization != "none" and kernel is not None and kernel.rounds_activations
-
-
 def no_drafting_note(loaded, runner=None) -> str:
     """Why nothing is drafted for this target (its kernel rounds activations), or "" when drafting is
     exact: on a float target, or where `runner`'s verify rows round as its one-token steps do
     (FastRunner.exact_verify, engine.runtime.attention)."""
-    if not rounds_activations(loaded) or getattr(runner, "exact_verify", False):
+    if not loaded.rounds_activations or (runner is not None and runner.exact_verify):
         return ""
     return (
         f"No drafting on this target: its kernel ({loaded.info['kernel']}) rounds activations to integers "
@@ -171,6 +160,24 @@ def _kernel_note(mode: str, device, chosen, refused: list[dict]) -> str:
         why = "; ".join(f"{r['kernel']}: {r['reason']}" for r in refused)
         line += f" Not used here: {why}."
     return f"{base} {line}".strip()
+
+
+def quantize_loaded_model(model, tokenizer, folder, dtype, plan, progress=None):
+    """A "quantized" load plan's last step (engine.models.loading): the float model just loaded from
+    `folder`, quantized with the plan's kernel or the fastest that passes the check here."""
+    from engine.kernels.quant_kernels import KERNELS
+
+    stage = f"Choosing an {plan.quantization.upper()} kernel for this machine"
+    if progress is not None:
+        progress(stage, 0, 1)
+    reload = _reloader(folder, plan.device, dtype, plan.quantization)
+    chosen = None if plan.kernel is None else [KERNELS[plan.kernel]]
+    model, kernel_info = quantize_checked(
+        model, tokenizer, plan.quantization, plan.device, folder, reload, kernels=chosen
+    )
+    if progress is not None:
+        progress(stage, 1, 1)
+    return model.eval(), kernel_info
 
 
 def quantize_checked(
@@ -244,6 +251,7 @@ def quantize_checked(
         info = {
             "kernel": kernel.name,
             "kernel_summary": kernel.summary,
+            "rounds_activations": kernel.rounds_activations,
             "kernel_reason": reason,
             "kernel_check": cached,
             "kernel_estimated_ms": round(speeds[kernel.name], 3) if kernel.name in speeds else None,

@@ -31,6 +31,7 @@ class ModelRunner:
     """A Runner (engine.runtime.protocol) on a transformers DynamicCache."""
 
     supports_trees = False  # no tree attention on a DynamicCache: chains only (see FastRunner)
+    exact_verify = False  # transformers' kernels round a call's activations together
     verify_limit: int | None = None  # any number of tokens verifies in one forward
 
     def __init__(self, model, device: torch.device | None = None):

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engine.events import ProgressCallback
 from engine.kernels.block_quant import prefill_chunk_for, rounds_activations_per_row
 from engine.models.memory import cache_tokens_for
 from engine.runtime.attention import EXACT_ROWS
@@ -27,7 +28,6 @@ from engine.runtime.eager import ModelRunner, ids_on
 from engine.runtime.precompiled import PrecompiledForward, saving_supported
 from engine.runtime.static_forward import FastLlama, causal_mask, tree_inputs
 
-ProgressCallback = Callable[[str, int, int], None]
 # Longest prompt piece one eager forward reads (bounds the attention scores' memory).
 EAGER_PREFILL_CHUNK = 512
 # The compiled token-tree graph (forward_tree), as _build names it; warmed up on a root with two children

@@ -25,6 +25,10 @@ class Runner(Protocol):
     notice: str  # why this runner is not the fastest path, for the user; "" when it is
     # whether a round may verify a token tree now (forward_tree, keep_path: a TreeRunner)
     supports_trees: bool
+    # whether a verify forward over n tokens gives each row the logits a one-token step would give it,
+    # also where the weights' kernel rounds activations per call (row-exact kernels): what keeps
+    # drafting lossless on a quantized target
+    exact_verify: bool
     # the most tokens one verify forward may hold (draft + 1), or None for no limit
     verify_limit: int | None
     # indices into the model's hidden states to keep from every forward, for drafters that read the

@@ -13,18 +13,16 @@ from engine import settings as engine_settings
 from engine.errors import SettingsError, TandemError
 from engine.models.builtin import DEFAULT_TARGET
 from engine.models.quantize import DRAFT_QUANTIZATIONS, PRECISIONS
-from engine.settings import MAX_K, SamplingSettings, SpeculationSettings
+from engine.settings import MAX_K, SamplingSettings, SpeculationSettings, needs_draft_model
 
 STORE_KEY = "app_config"
 WORKING_KEY = "app_config_working"  # the last config whose models loaded
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DRAFTERS = tuple(getattr(engine_settings, "DRAFTER_KINDS", ("model", "ngram", "none")))
-# "auto" measures the drafters on this machine and keeps the fastest, so it is the default where it exists.
-DEFAULT_DRAFTER = "auto" if "auto" in DRAFTERS else "model"
-# drafters that use the draft model (auto may choose it)
-MODEL_DRAFTERS = ("model", "auto")
+DRAFTERS = engine_settings.DRAFTER_KINDS
+# "auto" measures the drafters on this machine and keeps the fastest, so it is the default.
+DEFAULT_DRAFTER = "auto"
 BACKENDS = ("local", "server")
 # the target's precision, whose output Tandem reproduces exactly; "default": the device's usual dtype
 TARGET_PRECISIONS = ("default", *PRECISIONS)
@@ -106,7 +104,7 @@ class AppConfig:
                 raise SettingsError("Enter the server's URL, starting with http:// or https://.")
         if not self.target.strip():
             raise SettingsError("Choose a target model.")
-        if self.drafter in MODEL_DRAFTERS and not self.draft.strip():
+        if needs_draft_model(self.drafter) and not self.draft.strip():
             raise SettingsError("Choose a draft model, or pick the n-gram drafter or none.")
         self.speculation().validate()
         # K is kept while adaptive so switching back to fixed restores it; it must stay in range either way.
@@ -132,7 +130,7 @@ class AppConfig:
             loaded
         ):
             return True
-        if self.backend != "local" or self.drafter not in MODEL_DRAFTERS:
+        if self.backend != "local" or not needs_draft_model(self.drafter):
             return False
         return self.draft_changed(loaded)
 
@@ -141,7 +139,7 @@ class AppConfig:
         return dataclasses.replace(self, **{name: getattr(other, name) for name in MODEL_FIELDS})
 
     def _draft_identity(self) -> tuple | None:
-        if self.drafter not in MODEL_DRAFTERS:
+        if not needs_draft_model(self.drafter):
             return None
         return (self.draft, self.draft_quantization, self.draft_on_cpu)
 

@@ -5,14 +5,12 @@ the GUI thread: torch and transformers are imported here, lazily.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import SettingsError
 from engine.events import ProgressCallback
-from engine.settings import SamplingSettings, SpeculationSettings
+from engine.settings import NO_DRAFT, SamplingSettings, SpeculationSettings, needs_draft_model
 
 
 @dataclass(frozen=True)
@@ -76,13 +74,8 @@ def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> 
     from engine.models.pair import load_pair
     from engine.session import ChatEngine
 
-    # "auto" may choose the draft model among the drafters, so it loads one too
-    draft_spec = request.draft if request.drafter in ("model", "auto") else "none"
-    extra = {}
-    if request.target_precision != "default":
-        if "target_precision" not in inspect.signature(load_pair).parameters:
-            raise SettingsError("This version of the engine cannot choose the target's precision.")
-        extra["target_precision"] = request.target_precision
+    draft_spec = request.draft if needs_draft_model(request.drafter) else NO_DRAFT
+    precision = None if request.target_precision == "default" else request.target_precision
     target, draft = load_pair(
         request.target,
         draft_spec,
@@ -91,7 +84,7 @@ def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> 
         dtype=request.dtype,
         progress=progress,
         draft_device="cpu" if request.draft_on_cpu else None,
-        **extra,
+        target_precision=precision,
     )
     progress("Preparing the engine", 0, 1)
     engine = ChatEngine(

@@ -64,9 +64,10 @@ def show_load_failure(window, message: str, details: str) -> QtWidgets.QMessageB
 def start_check(config: AppConfig) -> None:
     """Raise TandemError when the saved models cannot be found; cheap enough for the GUI thread."""
     from engine.models.loading import spec_kind
+    from engine.settings import needs_draft_model
 
     if config.backend != "local":
         return
     spec_kind(config.target)
-    if config.drafter in ("model", "auto") and config.draft:
+    if needs_draft_model(config.drafter) and config.draft:
         spec_kind(config.draft)

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 from app.bridge import Probes
-from app.config import DRAFTERS, MODEL_DRAFTERS, AppConfig
+from app.config import DRAFTERS, AppConfig
 from app.qt import QtWidgets, Signal, Slot
 from app.settings_pages import DRAFTER_LABELS, SettingsWidgets, select, set_choices
 from engine.errors import SettingsError, TandemError
 from engine.models import probes
+from engine.settings import needs_draft_model
 
 CHECKING = "Checking that the draft shares the target's tokenizer…"
 CHECKING_TARGET = "Checking the target…"
@@ -220,7 +221,7 @@ class SettingsDialog(QtWidgets.QDialog):
     def _refresh(self, *_args) -> None:
         w, config = self.w, self.config()
         local = config.backend == "local"
-        drafting = local and config.drafter in MODEL_DRAFTERS
+        drafting = local and needs_draft_model(config.drafter)
         for widget in (w.server_url_edit, w.api_key_edit):
             widget.setEnabled(not local)
         local_only = (w.target_picker, w.precision_combo, w.drafter_combo, w.device_combo, w.dtype_combo)
@@ -343,7 +344,7 @@ class SettingsDialog(QtWidgets.QDialog):
         if config.backend == "server":
             return ""
         for kind, waiting in (("target", CHECKING_TARGET), ("draft", CHECKING)):
-            if kind == "draft" and config.drafter not in MODEL_DRAFTERS:
+            if kind == "draft" and not needs_draft_model(config.drafter):
                 continue
             verdict = self._verdicts[kind]
             if verdict is None:

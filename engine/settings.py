@@ -13,7 +13,23 @@ MAX_K = 16
 # seed + 1), and what is wider is refused rather than silently folded onto another seed.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 DrafterKind = Literal["auto", "model", "ngram", "suffix", "head", "none"]
-DRAFTER_KINDS = ("auto", "model", "ngram", "suffix", "head", "none")
+# Each drafter setting, and whether it loads a draft model beside the target ("auto" may choose one
+# among its drafters); engine.drafter_registry maps the same names to how their drafters are made.
+NEEDS_DRAFT_MODEL: dict[str, bool] = {
+    "auto": True,
+    "model": True,
+    "ngram": False,
+    "suffix": False,
+    "head": False,
+    "none": False,
+}
+DRAFTER_KINDS = tuple(NEEDS_DRAFT_MODEL)
+NO_DRAFT = "none"  # the draft model spec that loads none (engine.models.pair.load_pair)
+
+
+def needs_draft_model(drafter: str) -> bool:
+    """Whether the drafter setting loads a draft model (False for an unknown name)."""
+    return NEEDS_DRAFT_MODEL.get(drafter, False)
 
 
 @dataclass

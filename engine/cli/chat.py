@@ -12,7 +12,7 @@ from engine.errors import SettingsError
 from engine.events import Finished
 from engine.models.builtin import DEFAULT_TARGET
 from engine.models.quantize import DRAFT_QUANTIZATIONS, PRECISIONS
-from engine.settings import SamplingSettings, SpeculationSettings
+from engine.settings import NO_DRAFT, SamplingSettings, SpeculationSettings, needs_draft_model
 
 
 def add_model_options(parser: argparse.ArgumentParser, default_draft: str | None = "auto") -> None:
@@ -158,9 +158,9 @@ class ProgressBar:
 
 def draft_spec_for(args, speculation: SpeculationSettings) -> str | None:
     """What load_pair loads: the named draft, a quantized copy (None; auto drafts with it too) or none."""
-    if speculation.drafter == "model":
-        return args.draft
-    return "none" if speculation.drafter in ("suffix", "head", "ngram", "none") else None
+    if not needs_draft_model(speculation.drafter):
+        return NO_DRAFT
+    return args.draft if speculation.drafter == "model" else None
 
 
 def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSettings):

@@ -69,14 +69,11 @@ def resolve_api_key(args) -> str | None:
 
 def build_serving_engine(args, speculation, sampling):
     """The ChatEngine to serve; an n-gram or plain server loads no draft model."""
-    from engine.cli.chat import ProgressBar
+    from engine.cli.chat import ProgressBar, draft_spec_for
     from engine.models.pair import load_pair
     from engine.session import ChatEngine
 
-    if speculation.drafter == "model":
-        draft_spec = args.draft
-    else:
-        draft_spec = None if speculation.drafter == "auto" else "none"
+    draft_spec = draft_spec_for(args, speculation)
     precision = getattr(args, "precision", None)  # --precision, where the model options offer it
     extra = {"target_precision": precision} if precision else {}
     progress = ProgressBar()

@@ -5,8 +5,7 @@ from __future__ import annotations
 from engine.events import ProgressCallback
 from engine.models.loaded import LoadedModel
 from engine.models.loading import load_model
-
-NO_DRAFT_MODEL = {"ngram", "none"}
+from engine.settings import NO_DRAFT
 
 
 def load_pair(
@@ -21,8 +20,9 @@ def load_pair(
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the target, then the draft.
 
-    draft_spec None means "a quantized copy of the target", the only same-tokenizer draft for a
-    model that ships alone; its `quantization` "auto" picks one for the target
+    draft_spec None means "a quantized copy of the target" (a draft for a float target only: a target
+    that rounds its activations, such as a GGUF file on its own blocks, gets none); NO_DRAFT loads no
+    draft model; its `quantization` "auto" picks one for the target
     (engine.models.quantize.draft_quantization_for; another draft model takes INT8). 'ngram' and
     'none' load no draft model. target_precision (fp32, bf16, int8, int4; None: the device's default
     dtype) is the precision whose output Tandem reproduces.
@@ -32,7 +32,7 @@ def load_pair(
     target = load_model(
         target_spec, device=device, dtype=dtype, progress=progress, precision=target_precision
     )
-    if draft_spec is not None and draft_spec.lower() in NO_DRAFT_MODEL:
+    if draft_spec is not None and draft_spec.lower() == NO_DRAFT:
         return target, None
     from engine.models.quantize import draft_quantization_for
 

@@ -60,7 +60,7 @@ class CompileManager:
     @property
     def runs_compiled(self) -> bool:
         """Whether the target's forward runs compiled now."""
-        return isinstance(self.runner, CompilingRunner) and self.runner.is_compiled
+        return self.runner.is_compiled
 
     def optimize_in_background(
         self,
@@ -137,14 +137,14 @@ class CompileManager:
         forwards are, and compiles the forwards of the runners that are compiled already."""
         from engine.runtime import compile_build
 
-        runner = self.runner
-        if isinstance(runner, CompilingRunner) and (runner.is_compiled or self.may_compile_later()):
+        runner = self.runner.compiling()
+        if runner is not None and (runner.is_compiled or self.may_compile_later()):
             capture = runner.compiled_capture = self.compiled_capture()
             # its compiled forwards are saved there, and read back at the next start in seconds
             runner.precompiled_folder = compile_build.precompiled_folder(self.target, capture)
         for each in (self.runner, self.draft_runner):
-            if isinstance(each, CompilingRunner) and each.is_compiled:
-                each.warm_up(progress=progress)
+            if each is not None and each.is_compiled:
+                each.compiling().warm_up(progress=progress)
 
     def read_back(self, progress: ProgressCallback | None = None, trees: bool = True) -> None:
         """A CPU build that an earlier start (or build_compiled) finished: seconds from inductor's
@@ -161,8 +161,8 @@ class CompileManager:
         uncompiled forward rounds apart from the compiled steps). That graph is one more to read back
         at every start (seconds), so it is built only where the measured cost gives a tree room: a
         verify forward one token wider than a one-token draft's costing at most what that draft's does."""
-        runner = self.runner
-        if not isinstance(runner, CompilingRunner):
+        runner = self.runner.compiling()
+        if runner is None:
             return False
         if runner.is_compiled and runner.dynamic_shapes and not runner.tree_graph and self.trees_have_room():
             runner.warm_up(progress=progress, trees=True)
@@ -170,12 +170,12 @@ class CompileManager:
 
     def may_compile_later(self, runner: Runner | None = None) -> bool:
         """Whether the target's runner (or `runner`) is eager now and may be compiled on this CPU."""
-        runner = self.runner if runner is None else runner
+        compiling = (self.runner if runner is None else runner).compiling()
         return (
             self.mode == "auto"
-            and isinstance(runner, CompilingRunner)
-            and not runner.is_compiled
-            and runner.compile_refusal() is None
+            and compiling is not None
+            and not compiling.is_compiled
+            and compiling.compile_refusal() is None
             and os.environ.get("TANDEM_COMPILE", "").lower() != "off"
             and not getattr(sys, "frozen", False)  # a bundled app has no interpreter to run the helper with
         )
@@ -189,8 +189,8 @@ class CompileManager:
     def compile_from_cache(self, progress: ProgressCallback | None = None, trees: bool = True) -> str | None:
         """Compiles the target's forward (seconds from inductor's cache), switches to it and measures
         it; None when done, else why not (the runner stays eager)."""
-        runner = self.runner
-        if not isinstance(runner, CompilingRunner):
+        runner = self.runner.compiling()
+        if runner is None:
             return "Running without compilation."
         runner.compiled_capture = self.compiled_capture()
         if not runner.compile_now(progress):
@@ -223,5 +223,5 @@ class CompileManager:
         CPU: its draft step took 0.68 of a compiled target step eager); None otherwise."""
         runner = self.draft_runner
         if runner is not None and self.may_compile_later(runner):
-            return runner  # may_compile_later checked it is a CompilingRunner
+            return runner.compiling()
         return None

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 
 def _caches(runner) -> list | None:
-    fast = getattr(runner, "fast", None)
-    return list(fast.kv_caches) if fast is not None and hasattr(fast, "kv_caches") else None
+    return runner.static_kv_caches()
 
 
 def shares_cache_layout(donor, receiver) -> bool:

@@ -76,7 +76,8 @@ def machine_key(device) -> dict:
 
 
 def model_key(loaded, runner) -> dict:
-    """The model as far as its speed goes: architecture, precision, quantization and runner kind."""
+    """The model as far as its speed goes: architecture, precision, quantization and runner kind
+    (`runner` None: the model alone)."""
     from engine.runtime import attention, fused_layer, row_linear
 
     config = loaded.model.config
@@ -89,7 +90,7 @@ def model_key(loaded, runner) -> dict:
         "quantization": loaded.quantization,
         "kernel": loaded.info.get("kernel"),
         "runner": type(runner).__name__,
-        "compiled": bool(getattr(runner, "is_compiled", False)),
+        "compiled": runner is not None and runner.is_compiled,
         "row_linear": row_linear.kernel_name(loaded.model),
         "attention": attention.kernel_name(loaded.model),
         "layer": fused_layer.kernel_name(loaded.model),

@@ -32,6 +32,7 @@ class ModelRunner:
 
     supports_trees = False  # no tree attention on a DynamicCache: chains only (see FastRunner)
     exact_verify = False  # transformers' kernels round a call's activations together
+    is_compiled = False
     verify_limit: int | None = None  # any number of tokens verifies in one forward
 
     def __init__(self, model, device: torch.device | None = None):
@@ -81,6 +82,12 @@ class ModelRunner:
         """Waits for queued device work; only timing needs it."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def compiling(self):
+        return None  # transformers' forward as it is
+
+    def static_kv_caches(self) -> list | None:
+        return None  # a DynamicCache grows
 
     def _forward(self, ids, logits_to_keep: int) -> torch.Tensor:
         if self.cache is None:

@@ -5,6 +5,8 @@ CPU with dynamic shapes (one graph for a single token, one for several, whatever
 on request one for token trees); on CUDA it replays CUDA graphs captured from the eager forward
 (engine.runtime.cuda_graphs), one per token count up to GRAPHED_TOKENS (decode, verify, trees) and
 one per prompt chunk. If compiling is impossible or fails, it stays eager and says why in `notice`.
+Longer than usual because it is one idea, a runner over static buffers, whose compiled, graphed and
+eager forwards share every buffer and size rule.
 """
 
 from __future__ import annotations
@@ -192,6 +194,12 @@ class FastRunner(ModelRunner):
         self.cache_length = to_length
 
     # Compiling
+
+    def compiling(self) -> FastRunner:
+        return self
+
+    def static_kv_caches(self) -> list:
+        return list(self.fast.kv_caches)
 
     @property
     def is_compiled(self) -> bool:

@@ -29,6 +29,7 @@ class Runner(Protocol):
     # also where the weights' kernel rounds activations per call (row-exact kernels): what keeps
     # drafting lossless on a quantized target
     exact_verify: bool
+    is_compiled: bool  # whether its forward runs compiled now
     # the most tokens one verify forward may hold (draft + 1), or None for no limit
     verify_limit: int | None
     # indices into the model's hidden states to keep from every forward, for drafters that read the
@@ -57,6 +58,15 @@ class Runner(Protocol):
         """Waits for queued device work; only timing needs it."""
         ...
 
+    def compiling(self) -> CompilingRunner | None:
+        """This runner as a CompilingRunner where it may compile its forward; None where it never can."""
+        ...
+
+    def static_kv_caches(self) -> list | None:
+        """Its per-layer static KV buffers (each with k_cache/v_cache [1, KV, S, D]) where it keeps
+        them, for engine.runtime.cache_transfer; None for a cache that grows (transformers')."""
+        ...
+
 
 @runtime_checkable
 class TreeRunner(Runner, Protocol):
@@ -76,7 +86,6 @@ class TreeRunner(Runner, Protocol):
 class CompilingRunner(Runner, Protocol):
     """A runner that may compile its forward (FastRunner): what the engine's compile manager asks of it."""
 
-    is_compiled: bool
     dynamic_shapes: bool  # one graph for every length (CPU), else one per size
     tree_graph: bool  # whether the compiled forward has a token-tree graph
     compiled_capture: tuple[int, ...]  # features the compiled forward always returns

@@ -258,6 +258,13 @@ class ChatEngine:
         runner.reset()
         return seconds
 
+    def measure_forwards(self, sizes, repeats: int = 3, draft: bool = False) -> dict[int, float]:
+        """Seconds per forward over n new tokens, for n in `sizes`, on the target (or the draft model's
+        runner), measured now; the caches are emptied (a bench's cost figures)."""
+        with self._lock:
+            runner = self._draft_runner if draft else self._runner
+            return {} if runner is None else self._measure(runner, sizes, repeats)
+
     def prepare(self, progress=None) -> None:
         """Work before the first reply, so that it does not wait: compiles the forwards (when compilation
         is on, or on CPU with "auto" when an earlier start built them: seconds), measures the verify

@@ -217,3 +217,48 @@ def test_settings_look_ups_read_the_files_metadata_and_never_convert_it(tmp_path
     file_gib = builtin_gguf_path(builtin_entry(DEFAULT_TARGET)).stat().st_size / GIB
     # the file and its KV cache, against fp32 weights (about 7x the 4-bit file) and an INT8 copy
     assert needs(native) < needs(fp32) - 4 * file_gib, (native, fp32)
+
+
+@pytest.fixture(scope="module")
+def gguf_draft_engine(native_builtin):
+    """The built-in target with a separate GGUF draft model: the same file named by its path, so its
+    every proposal is the target's own and what is measured is the draft path itself."""
+    from engine.models.builtin import DEFAULT_TARGET, builtin_entry, builtin_gguf_path
+    from engine.models.pair import load_pair
+    from engine.session import ChatEngine
+
+    gguf = builtin_gguf_path(builtin_entry(DEFAULT_TARGET))
+    _, draft = load_pair(DEFAULT_TARGET, str(gguf), device="cpu")
+    engine = ChatEngine(native_builtin, draft, compiled="off")
+    engine.sampling = SamplingSettings(max_new_tokens=48)
+    return engine
+
+
+def test_a_separate_gguf_draft_model_runs_in_its_own_blocks(gguf_draft_engine):
+    draft = gguf_draft_engine.draft
+    assert draft is not None and draft.quantization == "gguf"  # no fp32 conversion, no INT8 copy
+    assert not any(isinstance(m, torch.nn.Linear) for m in draft.model.modules())
+
+
+def test_greedy_output_with_a_gguf_draft_model_is_the_native_targets_own(gguf_draft_engine, alone):
+    gguf_draft_engine.speculation = SpeculationSettings(drafter="model")
+    for prompt, own in zip(PROMPTS, alone, strict=True):
+        gguf_draft_engine.reset()
+        drafted = gguf_draft_engine.respond([{"role": "user", "content": prompt}])
+        assert list(drafted.token_ids) == own
+        assert drafted.stats.drafted > 0 and drafted.stats.accepted == drafted.stats.drafted
+
+
+def test_seeded_sampling_with_a_gguf_draft_model_is_the_targets_own_sample(gguf_draft_engine, native_engine):
+    """With the same seed, a sampled reply drafted by the GGUF draft model is token for token the
+    target's own seeded sample (the loop couples both to one noise per position, whatever drafts)."""
+    sampling = SamplingSettings(temperature=0.8, top_k=40, max_new_tokens=32, seed=11)
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    native_engine.speculation, native_engine.sampling = SpeculationSettings(drafter="none"), sampling
+    native_engine.reset()
+    own = list(native_engine.respond(messages).token_ids)
+    gguf_draft_engine.speculation, gguf_draft_engine.sampling = SpeculationSettings(drafter="model"), sampling
+    gguf_draft_engine.reset()
+    drafted = gguf_draft_engine.respond(messages)
+    assert list(drafted.token_ids) == own and drafted.stats.drafted > 0
+    native_engine.sampling = SamplingSettings(max_new_tokens=48)

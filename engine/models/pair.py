@@ -18,14 +18,15 @@ def load_pair(
     draft_device: str | None = None,
     target_precision: str | None = None,
 ) -> tuple[LoadedModel, LoadedModel | None]:
-    """Load the target, then the draft.
+    """Load the target, then the draft, whose plan follows from the target's.
 
-    draft_spec None means "a quantized copy of the target" (a draft for a float target only: a target
-    that rounds its activations, such as a GGUF file on its own blocks, gets none); NO_DRAFT loads no
-    draft model; its `quantization` "auto" picks one for the target
-    (engine.models.quantize.draft_quantization_for; another draft model takes INT8). 'ngram' and
-    'none' load no draft model. target_precision (fp32, bf16, int8, int4; None: the device's default
-    dtype) is the precision whose output Tandem reproduces.
+    draft_spec None means "a quantized copy of the target": a draft for a float target only (a
+    target that rounds its activations, such as a GGUF file on its own blocks, gets none, since a copy
+    of it saves nothing). NO_DRAFT ("none") loads no draft model. A separate draft model that is a
+    GGUF file runs in its own blocks where the target runs in its file's (engine.models.plan), and is
+    otherwise quantized as `quantization` says ("auto": INT8; for a copy,
+    engine.models.quantize.draft_quantization_for). target_precision (fp32, bf16, int8, int4; None:
+    the device's default) is the precision whose output Tandem reproduces.
     """
     from engine.models.compat import check_compatible
 
@@ -34,15 +35,32 @@ def load_pair(
     )
     if draft_spec is not None and draft_spec.lower() == NO_DRAFT:
         return target, None
-    from engine.models.quantize import draft_quantization_for
-
-    source = target_spec if draft_spec is None else draft_spec
-    if source == target_spec and target.rounds_activations:
-        return target, None  # a quantized copy of a target that is already quantized saves nothing
-    draft_device = draft_device or device
-    if quantization == "auto":
-        quantization = draft_quantization_for(target, "auto") if source == target_spec else "int8"
-    draft = load_model(source, device=draft_device, dtype=dtype, progress=progress, quantization=quantization)
-    if source != target_spec:
+    copy = draft_spec is None or draft_spec == target_spec
+    if copy and target.rounds_activations:
+        return target, None
+    source = target_spec if copy else draft_spec
+    draft = load_model(
+        source,
+        device=draft_device or device,
+        dtype=dtype,
+        progress=progress,
+        quantization=draft_quantization(target, source, copy, quantization, draft_device or device),
+    )
+    if not copy:
         check_compatible(target.tokenizer, draft.tokenizer, target.model.config, draft.model.config)
     return target, draft
+
+
+def draft_quantization(target: LoadedModel, source: str, copy: bool, asked: str, device: str) -> str:
+    """The draft's quantization: as asked, or for "auto" the copy's kernel for its target, none for a
+    GGUF draft beside a target on its file's blocks (it runs on its own), else INT8."""
+    from engine.models.loading import native_gguf_file
+    from engine.models.quantize import draft_quantization_for
+
+    if asked != "auto":
+        return asked
+    if copy:
+        return draft_quantization_for(target, "auto")
+    if target.quantization == "gguf" and native_gguf_file(source, device) is not None:
+        return "none"
+    return "int8"

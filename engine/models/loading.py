@@ -1,7 +1,9 @@
 """Load a target or draft model with its tokenizer from a model spec.
 
 A spec is one of: `builtin:<name>`, a Hugging Face model folder (safetensors only), a `.gguf`
-file, or a hub id such as `Qwen/Qwen2.5-0.5B-Instruct`. Code shipped with a model is never run.
+file, a hub id such as `Qwen/Qwen2.5-0.5B-Instruct`, or a hub GGUF file: `owner/repo:Q4_K_M` or
+`owner/repo/file.gguf` (engine.models.gguf_hub; downloaded once, then a `.gguf` file like any other).
+Code shipped with a model is never run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from engine.models.builtin import (
     is_builtin,
     is_converted,
 )
+from engine.models.gguf_hub import resolve_spec as resolve_hub_gguf
 from engine.models.hf import from_pretrained
 from engine.models.hub import download_model, looks_like_hub_id
 from engine.models.loaded import LoadedModel, resolve_device, resolve_dtype
@@ -170,6 +173,7 @@ def load_config(spec: str):
     """A model's config without its weights (GGUF: read from the file's metadata)."""
     from transformers import AutoConfig
 
+    spec = resolve_hub_gguf(spec)
     kind = spec_kind(spec)
     if kind == "gguf":
         path = Path(spec).expanduser()
@@ -213,6 +217,7 @@ def load_model(
         dtype, quantization = precision_settings(precision, dtype, quantization)
     validate_mode(quantization)
     torch_device = resolve_device(device)
+    spec = resolve_hub_gguf(spec, progress)
     native = native_gguf_file(spec, torch_device, precision, quantization, dtype)
     if native is not None:
         return load_native_gguf(spec, native, progress)

@@ -16,14 +16,11 @@ from pathlib import Path
 
 from engine.errors import ModelNotFoundError, TandemError
 from engine.models import catalog
+from engine.models.hub import DownloadCancelled
 
 GIB = 1024**3
 # bytes per parameter of the weights, by what they are stored as
 BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
-
-
-class DownloadCancelled(TandemError):
-    pass
 
 
 @dataclass(frozen=True)

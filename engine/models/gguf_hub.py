@@ -136,14 +136,16 @@ def _hub_errors(repo: str, action: str):
                 f"The Hugging Face hub has no '{repo}'{' file' if isinstance(exc, EntryNotFoundError) else ''}. "
                 "Check the spelling, or save your token if it is private."
             )
-        if isinstance(exc, (OfflineModeIsEnabled, LocalEntryNotFoundError)):
+        if isinstance(exc, OfflineModeIsEnabled):
+            return OfflineError(f"Cannot {action} '{repo}' offline: HF_HUB_OFFLINE is set.")
+        if isinstance(exc, LocalEntryNotFoundError):
             return OfflineError(
-                f"Cannot {action} '{repo}': the Hugging Face hub ({where}) cannot be reached."
+                f"Cannot {action} '{repo}': the Hugging Face hub ({where}) cannot be reached (offline?)."
             )
         if isinstance(exc, (HfHubHTTPError, *network_errors(), OSError)):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
             return OfflineError(
-                f"Cannot {action} '{repo}': the Hugging Face hub ({where}) did not answer ({first[:160]})."
+                f"Cannot {action} '{repo}': the Hugging Face hub ({where}) did not answer (offline? {first[:160]})."
             )
         return None
 

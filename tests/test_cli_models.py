@@ -62,7 +62,28 @@ def test_cli_target_json(no_hub_cache, capsys):
     assert run_models(parse("--target", "meta-llama/Llama-3.1-8B-Instruct", "--json")) == 0
     payload = json.loads(capsys.readouterr().out)
     can = {d["spec"] for d in payload["drafts"] if d["can_draft"]}
-    assert can == {"meta-llama/Llama-3.2-1B-Instruct"}
+    assert can == {"meta-llama/Llama-3.2-1B-Instruct", "bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M"}
+
+
+def test_the_cpu_catalogue_offers_gguf_pairs_of_one_family(no_hub_cache):
+    from engine.models.manage import draft_cost, gguf_pair_estimate, is_gguf_pair, suggested_pairs
+
+    cpu = [pair for pair in suggested_pairs() if pair.device == "cpu" and pair.target != DEFAULT_TARGET]
+    assert {pair.target.split(":")[0] for pair in cpu} == {
+        "bartowski/SmolLM2-1.7B-Instruct-GGUF",
+        "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF",
+        "bartowski/Qwen2.5-7B-Instruct-GGUF",
+    }
+    entries = list_models()
+    for pair in cpu:
+        assert is_gguf_pair(pair)
+        ok = {entry.spec: ok for entry, ok, _ in drafts_for(pair.target, entries)}
+        assert ok[pair.draft], pair  # the draft shares the target's tokenizer
+        small, large = (gguf_pair_estimate(pair, n, available=64 * 1024**3) for n in (1024, 8192))
+        assert large.parts["target KV cache"] == 8 * small.parts["target KV cache"] > 0
+        assert "of a target step" in draft_cost(pair)
+    smol = next(pair for pair in cpu if "SmolLM2" in pair.target)
+    assert smol.draft == DEFAULT_TARGET
 
 
 def test_cli_target_table(no_hub_cache, capsys):

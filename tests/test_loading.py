@@ -151,10 +151,10 @@ def test_load_a_gguf_file_and_reuse_its_conversion(tmp_path, monkeypatch, builti
 
 
 def test_download_progress_reaches_the_callback():
-    from engine.models.hub import _progress_bar_class
+    from engine.models.hub import progress_bar_class
 
     reports = []
-    bar = _progress_bar_class(lambda stage, done, total: reports.append((stage, done, total)))(
+    bar = progress_bar_class(lambda stage, done, total: reports.append((stage, done, total)))(
         total=10, desc="Downloading bytes"
     )
     bar.update(3)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
 from app.model_manager import ModelManager
 from app.qt import QTimer, QtWidgets
 from engine.models import manage
-from engine.models.builtin import COMPLETE_MARKER, converted_dir
+from engine.models.builtin import COMPLETE_MARKER
 
 TIMEOUT_MS = 60_000
 pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
@@ -50,11 +51,31 @@ def answer_next_question(button) -> list[str]:
     return seen
 
 
-def test_installed_models_show_size_and_location(manager, builtin_folder):
+def test_installed_models_show_size_and_location(manager):
+    """The built-in model runs from its GGUF file as it is: the file is where it lives, and its size."""
+    from engine.models.builtin import DEFAULT_TARGET, builtin_entry, builtin_gguf_path
+
     rows = table_rows(manager.installed_table)
     builtin = next(row for row in rows if row[3] == "builtin")
-    assert builtin[1].endswith("GiB") and builtin[1] != "?"
-    assert builtin[2] == str(converted_dir(builtin_folder.name)) or builtin[2] == str(builtin_folder)
+    path = builtin_gguf_path(builtin_entry(DEFAULT_TARGET))
+    assert builtin[2] == str(path)
+    assert builtin[1] == f"{path.stat().st_size / 1024**3:.2f} GiB"
+
+
+def test_the_cpu_pairs_say_their_fit_and_what_the_draft_costs(qtbot, manager):
+    qtbot.waitUntil(
+        lambda: all(row[2] != "Estimating…" for row in table_rows(manager.pairs_table)), timeout=TIMEOUT_MS
+    )
+    rows = {
+        pair.target: row for pair, row in zip(manager._pairs, table_rows(manager.pairs_table), strict=True)
+    }
+    smol = rows["bartowski/SmolLM2-1.7B-Instruct-GGUF:Q4_K_M"]
+    assert "builtin:smollm2-135m-instruct" in smol[0]  # the built-in model drafts for it
+    assert "8,192 tokens of context" in smol[1] and smol[1].endswith(("fits.", "tight.", "won't fit."))
+    assert "of a target step" in smol[2]
+    assert "EAGLE3" in rows["bartowski/Meta-Llama-3.1-8B-Instruct-GGUF:Q4_K_M"][0]
+    builtin = rows["builtin:smollm2-135m-instruct"]
+    assert "INT8" not in builtin[0] and "Q4_1" in builtin[0]
 
 
 def test_every_suggested_pair_says_whether_it_fits(qtbot, manager):
@@ -190,3 +211,64 @@ def test_a_pair_on_disk_gets_the_memory_line_settings_shows(qtbot, manager):
     settings_line = probes.memory_line(pair.target, pair.draft, draft_quantization=pair.draft_quantization)
     shown = manager.pairs_table.item(row, 1).text()
     assert shown.split(" (")[0] == settings_line.split(" (")[0]  # the free memory moves between the two
+
+
+def test_a_hub_repository_lists_its_gguf_files_and_downloads_one(qtbot, tmp_path, monkeypatch):
+    """Against a local server that answers as the hub does: list, download with progress, use as draft."""
+    from huggingface_hub import constants
+
+    from engine.models.builtin import DEFAULT_TARGET, builtin_entry, builtin_gguf_path
+    from tests.fake_hub import FakeHub
+
+    data = builtin_gguf_path(builtin_entry(DEFAULT_TARGET)).read_bytes()
+    hub = FakeHub()
+    hub.add("acme/Smol-GGUF", {"Smol-Q4_1.gguf": data, "Smol-Q8_0.gguf": data[: 1024 * 1024]})
+    hub.start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path / "tandem"))
+    dialog = ModelManager()
+    qtbot.addWidget(dialog)
+    try:
+        dialog.hub_repo_edit.setText("acme/nothing-here")
+        with qtbot.waitSignal(dialog.hub_listed, timeout=TIMEOUT_MS) as listed:
+            dialog.hub_list_button.click()
+        assert "no 'acme/nothing-here'" in listed.args[0]
+
+        dialog.hub_repo_edit.setText("acme/Smol-GGUF")
+        with qtbot.waitSignal(dialog.hub_listed, timeout=TIMEOUT_MS) as listed:
+            dialog.hub_list_button.click()
+        assert listed.args[0] == ""
+        rows = table_rows(dialog.hub_table)
+        assert [row[0] for row in rows] == ["Q8_0", "Q4_1"]
+        assert rows[1][1] == f"{len(data) / 1024**3:.2f} GiB" and rows[1][3] in ("fits", "tight", "won't fit")
+        needs_at_8k = rows[1][2]
+        dialog.hub_context.setValue(131072)  # a longer context needs a larger KV cache
+        qtbot.waitUntil(lambda: table_rows(dialog.hub_table)[1][2] != needs_at_8k, timeout=TIMEOUT_MS)
+
+        dialog.hub_table.selectRow(1)
+        progress: list[tuple[int, int]] = []
+        dialog._relay.progress.connect(lambda _stage, done, total: progress.append((done, total)))
+        with qtbot.waitSignal(dialog.download_finished, timeout=TIMEOUT_MS) as finished:
+            dialog.hub_download_button.click()
+            assert dialog.cancel_button.isEnabled()  # the GUI thread did not wait for the download
+        assert finished.args[0] == "done", finished.args
+        assert (len(data), len(data)) in progress
+        assert dialog.use_draft_button.isEnabled()
+        with qtbot.waitSignal(dialog.model_chosen) as chosen:
+            dialog.use_draft_button.click()
+        assert chosen.args[0] == "draft" and chosen.args[1].endswith("Smol-Q4_1.gguf")
+        assert Path(chosen.args[1]).read_bytes() == data
+        qtbot.waitUntil(
+            lambda: any(row[3] == "hub-gguf" for row in table_rows(dialog.installed_table)),
+            timeout=TIMEOUT_MS,
+        )
+
+        hub.corrupt.add(("acme/Smol-GGUF", "Smol-Q8_0.gguf"))
+        dialog.hub_table.selectRow(0)
+        with qtbot.waitSignal(dialog.download_finished, timeout=TIMEOUT_MS) as finished:
+            dialog.hub_download_button.click()
+        assert "damaged" in finished.args[0] and "damaged" in dialog.status_label.text()
+    finally:
+        dialog.done(0)
+        hub.stop()

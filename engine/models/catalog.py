@@ -1,5 +1,6 @@
-"""The models Tandem knows about: built-in, already on disk (converted GGUFs, the hub cache),
-local folders the user named, and the catalogue of suggested hub models in resources/models.json.
+"""The models Tandem knows about: built-in, already on disk (converted GGUFs, the hub cache and the
+GGUF files downloaded from it), local folders the user named, and the catalogue of suggested hub
+models in resources/models.json.
 
 Each entry says its size and tokenizer family, and `drafts_for` says which can draft for a target:
 by the real compatibility check when both tokenizers are on disk, by declared family otherwise.
@@ -29,6 +30,8 @@ class CatalogEntry:
     hub_id: str | None = None
     folder: Path | None = None  # a loadable safetensors folder, when one is on disk
     roles: list[str] = field(default_factory=lambda: ["target", "draft"])
+    file: Path | None = None  # the GGUF file it runs from, when it runs from one on disk
+    kv_bytes_per_token: int | None = None  # the catalogue's, for a fit before the download
 
     @property
     def available_locally(self) -> bool:
@@ -37,6 +40,7 @@ class CatalogEntry:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["folder"] = str(self.folder) if self.folder else None
+        data["file"] = str(self.file) if self.file else None
         data["available_locally"] = self.available_locally
         return data
 
@@ -96,6 +100,15 @@ def _local_entry(spec: str, name: str, source: str, folder: Path, **extra) -> Ca
     return CatalogEntry(spec, name, source, family, vocab, _folder_size(folder), folder=folder, **extra)
 
 
+def catalogue_kv_bytes_per_token(item: dict) -> int | None:
+    """KV cache bytes a token takes (fp32 K and V, as a CPU reply keeps them), from the catalogue's
+    layer and head counts."""
+    from engine.models.gguf_hub import KV_BYTES_PER_ELEMENT
+
+    kv = item.get("kv")
+    return None if kv is None else 2 * kv["layers"] * kv["kv_heads"] * kv["head_dim"] * KV_BYTES_PER_ELEMENT
+
+
 def catalogue_entries() -> list[CatalogEntry]:
     entries = []
     for item in load_catalogue()["models"]:
@@ -107,9 +120,11 @@ def catalogue_entries() -> list[CatalogEntry]:
                 source="catalogue",
                 family=item["family"],
                 vocab_size=family["tokenizer_vocab"],
+                size_bytes=item.get("size_bytes"),
                 params=item["params"],
                 hub_id=item["hub_id"],
                 roles=list(item["roles"]),
+                kv_bytes_per_token=catalogue_kv_bytes_per_token(item),
             )
         )
     return entries
@@ -121,15 +136,16 @@ def builtin_entries() -> list[CatalogEntry]:
     entries = []
     for model in BUILTIN_MODELS.values():
         spec = BUILTIN_PREFIX + model.name
-        folder = converted_dir(model.name)
-        if is_converted(folder):
-            entries.append(_local_entry(spec, model.description, "builtin", folder))
-            continue
         try:
-            size = builtin_gguf_path(model).stat().st_size
+            path = builtin_gguf_path(model)
         except TandemError:
             continue
-        entries.append(CatalogEntry(spec, model.description, "builtin", size_bytes=size))
+        folder = converted_dir(model.name)
+        entry = CatalogEntry(spec, model.description, "builtin", size_bytes=path.stat().st_size, file=path)
+        if is_converted(folder):  # a float copy made for another precision: compared by its tokenizer
+            entry.folder = folder
+            entry.family, entry.vocab_size = tokenizer_family(folder)
+        entries.append(entry)
     return entries
 
 
@@ -168,6 +184,39 @@ def hub_cache_entries() -> list[CatalogEntry]:
     return entries
 
 
+def hub_gguf_entries() -> list[CatalogEntry]:
+    """GGUF files downloaded from the hub (engine.models.gguf_hub), one entry per file, the first part of
+    a split file standing for it; the spec is the file's path."""
+    from engine.models.gguf_hub import SPLIT
+
+    try:
+        from huggingface_hub import constants, scan_cache_dir
+
+        info = scan_cache_dir(constants.HF_HUB_CACHE)  # where hf_hub_download put them, read now
+    except Exception:  # no cache, an unreadable cache, or an older huggingface_hub
+        return []
+    entries = []
+    for repo in info.repos:
+        for revision in repo.revisions if repo.repo_type == "model" else ():
+            for cached in sorted(revision.files, key=lambda f: f.file_name):
+                split = SPLIT.match(cached.file_name)
+                if not cached.file_name.lower().endswith(".gguf") or (split and int(split["part"]) != 1):
+                    continue
+                path = Path(cached.file_path)
+                name = f"{repo.repo_id}/{cached.file_name}"
+                entries.append(
+                    CatalogEntry(
+                        str(path),
+                        name,
+                        "hub-gguf",
+                        size_bytes=cached.size_on_disk,
+                        hub_id=repo.repo_id,
+                        file=path,
+                    )
+                )
+    return entries
+
+
 def local_entries(paths) -> list[CatalogEntry]:
     from engine.models.loading import spec_kind
 
@@ -178,7 +227,9 @@ def local_entries(paths) -> list[CatalogEntry]:
         if kind == "folder":
             entries.append(_local_entry(str(path), path.name, "local", path))
         elif kind == "gguf":
-            entries.append(CatalogEntry(str(path), path.name, "local", size_bytes=path.stat().st_size))
+            entries.append(
+                CatalogEntry(str(path), path.name, "local", size_bytes=path.stat().st_size, file=path)
+            )
     return entries
 
 
@@ -186,7 +237,13 @@ def list_models(local_paths=(), include_catalogue: bool = True) -> list[CatalogE
     """Every known model, one entry per spec; a copy on disk wins over a catalogue suggestion."""
     found: dict[str, CatalogEntry] = {}
     catalogue = {e.spec: e for e in catalogue_entries()} if include_catalogue else {}
-    groups = (builtin_entries(), cached_gguf_entries(), hub_cache_entries(), local_entries(local_paths))
+    groups = (
+        builtin_entries(),
+        cached_gguf_entries(),
+        hub_cache_entries(),
+        hub_gguf_entries(),
+        local_entries(local_paths),
+    )
     for group in groups:
         for entry in group:
             suggested = catalogue.get(entry.spec)

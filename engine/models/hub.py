@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from engine.errors import ModelNotFoundError, OfflineError
+from engine.errors import ModelNotFoundError, OfflineError, TandemError
 from engine.events import ProgressCallback
 
 # Weights as safetensors, configs, and every tokenizer file format; never pickle checkpoints.
@@ -29,11 +29,15 @@ CONNECT_TIMEOUT_S = 5.0
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+class DownloadCancelled(TandemError):
+    pass
+
+
 def looks_like_hub_id(spec: str) -> bool:
     return bool(HUB_ID.match(spec)) and not spec.endswith(".gguf")
 
 
-def _progress_bar_class(progress: ProgressCallback):
+def progress_bar_class(progress: ProgressCallback):
     """A tqdm class that forwards every update to progress(stage, done, total)."""
     from tqdm import tqdm
 
@@ -68,7 +72,7 @@ def _progress_bar_class(progress: ProgressCallback):
     return CallbackProgress
 
 
-def _network_errors() -> tuple[type[BaseException], ...]:
+def network_errors() -> tuple[type[BaseException], ...]:
     """The HTTP client's error bases; huggingface_hub has used requests, httpx and httpx2."""
     import importlib
 
@@ -106,7 +110,7 @@ def download_model(
 
     kwargs = {}
     if progress is not None:
-        kwargs["tqdm_class"] = _progress_bar_class(progress)
+        kwargs["tqdm_class"] = progress_bar_class(progress)
     try:
         folder = snapshot_download(
             hub_id,
@@ -138,7 +142,7 @@ def download_model(
             f"'{hub_id}' is not available offline: the Hugging Face hub cannot be reached and the "
             "model is not in the local cache. Connect to the internet, or choose a local model folder."
         ) from exc
-    except (HfHubHTTPError, *_network_errors(), OSError) as exc:
+    except (HfHubHTTPError, *network_errors(), OSError) as exc:
         raise OfflineError(
             f"Downloading '{hub_id}' failed ({exc.__class__.__name__}: {exc}). The download resumes "
             "where it stopped when you try again."

@@ -2,7 +2,9 @@
 
 One path: the spec is parsed once into a source (engine.models.source), a plan is chosen before
 anything loads (engine.models.plan: the file's own blocks, a float dtype, or a checked quantized
-kernel), and the plan's one loader runs. Code shipped with a model is never run.
+kernel), and the plan's one loader runs. A hub GGUF file (`owner/repo:Q4_K_M` or
+`owner/repo/file.gguf`, engine.models.gguf_hub) is downloaded once first, then loads like any `.gguf`
+file. Code shipped with a model is never run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from engine.errors import ModelFormatError
 from engine.events import ProgressCallback
 from engine.models.builtin import convert_gguf_to_folder, ensure_builtin, is_converted
+from engine.models.gguf_hub import resolve_spec as resolve_hub_gguf
 from engine.models.hf import from_pretrained
 from engine.models.hub import download_model
 from engine.models.loaded import LoadedModel, resolve_dtype
@@ -136,7 +139,7 @@ def load_config(spec: str):
     """A model's config without its weights (GGUF: read from the file's metadata)."""
     from transformers import AutoConfig
 
-    source = parse_source(spec)
+    source = parse_source(resolve_hub_gguf(spec))
     if source.kind == "gguf":
         folder = gguf_cache_folder(source.path)
         if is_converted(folder):
@@ -161,7 +164,7 @@ def load_model(
     against the float model here, and named in `info["kernel"]`); `kernel` names the quantized kernel
     to use (still checked) instead of choosing the fastest here.
     """
-    source = parse_source(spec)
+    source = parse_source(resolve_hub_gguf(spec, progress))
     plan = choose_plan(source, device, dtype, precision, quantization, kernel)
     if plan.kind == "native":
         return load_native_gguf(source, progress)

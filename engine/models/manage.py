@@ -16,27 +16,29 @@ from pathlib import Path
 
 from engine.errors import ModelNotFoundError, TandemError
 from engine.models import catalog
+from engine.models.hub import DownloadCancelled
 
 GIB = 1024**3
 # bytes per parameter of the weights, by what they are stored as
 BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
 
 
-class DownloadCancelled(TandemError):
-    pass
-
-
 @dataclass(frozen=True)
 class InstalledModel:
     spec: str
     name: str
-    source: str  # "builtin", "gguf-cache", "hub-cache" or "local"
+    source: str  # "builtin", "gguf-cache", "hub-cache", "hub-gguf" or "local"
     size_bytes: int | None
     folder: Path | None
+    file: Path | None = None  # the GGUF file it runs from, when it runs from one
 
     @property
     def removable(self) -> bool:
-        return self.source in ("gguf-cache", "hub-cache")
+        return self.source in ("gguf-cache", "hub-cache", "hub-gguf")
+
+    @property
+    def location(self) -> str:
+        return str(self.file or self.folder or "")
 
 
 @dataclass(frozen=True)
@@ -45,34 +47,108 @@ class SuggestedPair:
     draft: str
     draft_quantization: str
     device: str
+    name: str = ""  # the catalogue's words for it; else the two specs
+    draft_cost_note: str = ""  # the catalogue's words for what drafting costs; else from the sizes
+    head: str = ""  # a published draft head for the target
 
     @property
     def label(self) -> str:
+        if self.name:
+            return self.name
         quantized = f" ({self.draft_quantization.upper()})" if self.draft_quantization != "none" else ""
-        return f"{self.target} + {self.draft}{quantized}"
+        head = f" (or the EAGLE-3 head {self.head})" if self.head else ""
+        return f"{self.target} + {self.draft}{quantized}{head}"
 
 
 def installed_models() -> list[InstalledModel]:
     return [
-        InstalledModel(e.spec, e.name, e.source, e.size_bytes, e.folder)
+        InstalledModel(e.spec, e.name, e.source, e.size_bytes, e.folder, e.file)
         for e in catalog.list_models(include_catalogue=False)
     ]
 
 
 def suggested_pairs() -> list[SuggestedPair]:
     return [
-        SuggestedPair(p["target"], p["draft"], p.get("draft_quantization", "none"), p.get("device", "cpu"))
+        SuggestedPair(
+            p["target"],
+            p["draft"],
+            p.get("draft_quantization", "none"),
+            p.get("device", "cpu"),
+            p.get("label", ""),
+            p.get("draft_cost", ""),
+            p.get("head", ""),
+        )
         for p in catalog.load_catalogue()["pairs"]
     ]
+
+
+def _weights_and_kv(spec: str) -> tuple[int | None, int | None]:
+    """(bytes of weights, KV bytes per token) a catalogue model or the built-in one runs with on a CPU."""
+    entries = {e.spec: e for e in catalog.list_models()}
+    entry = entries.get(spec)
+    suggested = {e.spec: e for e in catalog.catalogue_entries()}.get(spec)
+    size = entry.size_bytes if entry is not None and entry.file is not None else None
+    if size is None and suggested is not None:
+        size = suggested.size_bytes
+    return size, suggested.kv_bytes_per_token if suggested is not None else None
+
+
+def is_gguf_pair(pair: SuggestedPair) -> bool:
+    from engine.models.builtin import is_builtin
+    from engine.models.gguf_hub import parse_spec
+
+    return all(is_builtin(spec) or parse_spec(spec) is not None for spec in (pair.target, pair.draft))
+
+
+def gguf_pair_estimate(pair: SuggestedPair, context: int, available: int | None = None):
+    """Both files, both KV caches at `context` tokens and the runtime's overhead, against free memory.
+    The built-in pair's draft is its head and lookups (a quantized copy of a GGUF target is no draft)."""
+    from engine.models.memory import MIN_RUNTIME_OVERHEAD_BYTES, MemoryEstimate, available_memory_bytes
+
+    parts = {}
+    specs = (pair.target,) if pair.draft == pair.target else (pair.target, pair.draft)
+    for role, spec in zip(("target", "draft"), specs, strict=False):
+        size, per_token = _weights_and_kv(spec)
+        parts[f"{role} weights"] = size or 0
+        parts[f"{role} KV cache"] = (per_token or 0) * context
+    weights = sum(b for label, b in parts.items() if "weights" in label)
+    parts["runtime overhead"] = max(MIN_RUNTIME_OVERHEAD_BYTES, weights // 20)
+    free = available_memory_bytes("cpu") if available is None else available
+    return MemoryEstimate(parts, dict.fromkeys(parts, "cpu"), {"cpu": free}, context)
+
+
+def draft_cost(pair: SuggestedPair) -> str:
+    """What a draft token costs against a target step, in one line. On a CPU a decoding step reads every
+    weight once, so a draft token costs about its file's share of the target's (an estimate)."""
+    if pair.draft_cost_note:
+        return pair.draft_cost_note
+    if is_gguf_pair(pair):
+        target, _ = _weights_and_kv(pair.target)
+        draft, _ = _weights_and_kv(pair.draft)
+    else:
+        params = {e.spec: e.params for e in catalog.catalogue_entries()}
+        target, draft = params.get(pair.target), params.get(pair.draft)
+        if draft is not None and pair.draft_quantization in BYTES_PER_PARAM and target is not None:
+            draft = draft * BYTES_PER_PARAM[pair.draft_quantization] / BYTES_PER_PARAM["bfloat16"]
+    if not target or not draft:
+        return "Unknown until both are downloaded."
+    head = f"; or the EAGLE-3 head {pair.head}" if pair.head else ""
+    return (
+        f"A draft token costs about {draft / target:.0%} of a target step "
+        f"({draft / GIB:.2f} GiB of weights read against {target / GIB:.2f} GiB; estimate){head}."
+    )
 
 
 def pair_fit(pair: SuggestedPair, device: str | None = None) -> str:
     """Will the pair fit here? From the configs when on disk, else from the catalogue's parameter
     counts (weights only, so the line says it is an estimate)."""
+    from engine.models.gguf_hub import DEFAULT_CONTEXT
     from engine.models.loaded import resolve_device
 
     where = str(resolve_device(device or "auto").type)
     note = " Suggested for a GPU; this machine has none." if pair.device == "cuda" and where != "cuda" else ""
+    if is_gguf_pair(pair) and where == "cpu":
+        return gguf_pair_estimate(pair, DEFAULT_CONTEXT).summary
     return _fit_line(pair, where) + note
 
 
@@ -109,6 +185,7 @@ def download_pair(pair: SuggestedPair, progress=None, cancel: threading.Event | 
     """Download the target, then the draft (built-in ones are skipped); DownloadCancelled on cancel,
     OfflineError / ModelNotFoundError with a message when the hub cannot deliver."""
     from engine.models.builtin import is_builtin
+    from engine.models.gguf_hub import parse_spec, resolve_spec
     from engine.models.hub import download_model
 
     def report(stage: str, done: int, total: int) -> None:
@@ -123,7 +200,10 @@ def download_pair(pair: SuggestedPair, progress=None, cancel: threading.Event | 
             continue
         report(f"Downloading {spec}", 0, 0)
         try:
-            folders.append(download_model(spec, report))
+            if parse_spec(spec) is not None:  # a hub GGUF file: downloaded, checked, its path
+                folders.append(Path(resolve_spec(spec, report)))
+            else:
+                folders.append(download_model(spec, report))
         except TandemError as error:
             if isinstance(error.__cause__, DownloadCancelled) or isinstance(error, DownloadCancelled):
                 raise DownloadCancelled(str(error.__cause__ or error)) from None
@@ -145,6 +225,11 @@ def remove_model(model: InstalledModel) -> None:
         info = scan_cache_dir()
         hashes = [r.commit_hash for repo in info.repos if repo.repo_id == model.spec for r in repo.revisions]
         info.delete_revisions(*hashes).execute()
+        return
+    if model.source == "hub-gguf" and model.file is not None:  # the snapshot's link and the file it names
+        blob = model.file.resolve()
+        model.file.unlink(missing_ok=True)
+        blob.unlink(missing_ok=True)
         return
     if model.folder is not None and model.folder.is_dir():
         shutil.rmtree(model.folder)

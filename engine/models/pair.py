@@ -29,6 +29,7 @@ def load_pair(
     the device's default) is the precision whose output Tandem reproduces.
     """
     from engine.models.compat import check_compatible
+    from engine.models.gguf_hub import resolve_spec as resolve_hub_gguf
 
     target = load_model(
         target_spec, device=device, dtype=dtype, progress=progress, precision=target_precision
@@ -38,7 +39,7 @@ def load_pair(
     copy = draft_spec is None or draft_spec == target_spec
     if copy and target.rounds_activations:
         return target, None
-    source = target_spec if copy else draft_spec
+    source = target_spec if copy else resolve_hub_gguf(draft_spec, progress)
     draft = load_model(
         source,
         device=draft_device or device,

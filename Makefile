@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml Makefile
 # Without a display (a server, a container) the app cannot open a window: chat in the terminal instead.
 run: venv
 	@if [ -n "$$DISPLAY$$WAYLAND_DISPLAY$$QT_QPA_PLATFORM" ] || [ "$$(uname)" = Darwin ]; then \
-	  $(BIN)/tandem; \
+	  $(BIN)/python -m app.platform_check && $(BIN)/tandem; \
 	else \
 	  echo "No display found: starting the terminal chat (tandem-cli chat)."; \
 	  $(BIN)/tandem-cli chat; \

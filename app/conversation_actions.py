@@ -126,20 +126,50 @@ class ConversationActions:
         return dialog
 
     def import_files(self, paths: list[Path]) -> list[int]:
-        """Import Tandem JSON exports; each file all or nothing. Returns the new conversation ids."""
+        """Import Tandem JSON exports; each file all or nothing. Returns the new conversation ids.
+        A conversation already here (the same title, start time and messages) is skipped and said so:
+        importing one file twice made a same-titled duplicate."""
         imported: list[int] = []
+        skipped: list[str] = []
         for path in paths:
             try:
-                imported += export.import_json(self.store, path)
+                data, already = self._without_duplicates(_read_export(path))
+                skipped += already
+                if not already or data["conversations"]:
+                    imported += _import(self.store, data, path)
             except StorageError as exc:  # ImportFormatError included: the message names the file
                 self._warn("Import failed", str(exc))
+        window = self.window
+        words = []
         if imported:
-            window = self.window
             window.sidebar.refresh()
             window.sidebar.select(imported[0])
             count = len(imported)
-            window.statusBar().showMessage(f"Imported {count} conversation{'s' * (count != 1)}.", 6000)
+            words.append(f"Imported {count} conversation{'s' * (count != 1)}.")
+        if skipped:
+            titles = ", ".join(f"“{title}”" for title in skipped)
+            words.append(f"Already here, not imported again: {titles}.")
+        if words:
+            window.statusBar().showMessage(" ".join(words), 8000)
         return imported
+
+    def _without_duplicates(self, data) -> tuple[dict, list[str]]:
+        """The export without the conversations this store already holds, and their titles."""
+        if not isinstance(data, dict) or not isinstance(data.get("conversations"), list):
+            return data, []  # import_data says what is wrong with it
+        held: dict[tuple, set] = {}
+        for conversation in self.store.list_conversations():
+            held.setdefault((conversation.title, conversation.created), set())
+            held[(conversation.title, conversation.created)].add(conversation.id)
+        kept, skipped = [], []
+        for snapshot in data["conversations"]:
+            fingerprint = _fingerprint(snapshot)
+            same = held.get(fingerprint[:2], set()) if fingerprint else set()
+            if any(_fingerprint(self.store.snapshot(cid)) == fingerprint for cid in same):
+                skipped.append(fingerprint[0])
+            else:
+                kept.append(snapshot)
+        return {**data, "conversations": kept}, skipped
 
     # --- the sidebar's menu ----------------------------------------------------------------------
 
@@ -177,3 +207,36 @@ class ConversationActions:
         box = QtWidgets.QMessageBox(QtWidgets.QMessageBox.Icon.Warning, title, message, parent=self.window)
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
+
+
+def _read_export(path: Path):
+    """The JSON of an export file (export.import_json's reading, without the import)."""
+    import json
+
+    from engine.errors import ImportFormatError
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise StorageError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
+    except (ValueError, RecursionError) as exc:
+        raise ImportFormatError(f"{path} is not a Tandem conversation export ({exc}).") from exc
+
+
+def _import(store, data, path: Path) -> list[int]:
+    from engine.errors import ImportFormatError
+
+    try:
+        return export.import_data(store, data)
+    except ImportFormatError as exc:
+        raise ImportFormatError(f"{path}: {exc}") from None
+
+
+def _fingerprint(snapshot) -> tuple | None:
+    """(title, created, the messages' roles and texts in order): what makes two conversations the same."""
+    try:
+        conversation = snapshot["conversation"]
+        messages = tuple((m["role"], m["content"]) for m in snapshot["messages"])
+        return (conversation["title"], conversation["created"], messages)
+    except (KeyError, TypeError):
+        return None

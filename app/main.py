@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     if display_missing():
         print(NO_DISPLAY_MESSAGE, file=sys.stderr)
         return 2
+    from app import platform_check
+
+    missing = platform_check.problem() if platform_check.uses_xcb() else None
+    if missing:  # before Qt aborts with a message that names another library
+        print(missing, file=sys.stderr)
+        return 2
     if args.self_test:
         from app.self_test import run_self_test
 
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_app(args: argparse.Namespace) -> int:
     from app import crash
-    from app.qt import QtCore, QtWidgets
+    from app.qt import QtWidgets
     from engine.paths import data_dir
 
     log_dir = data_dir()
@@ -88,25 +94,45 @@ def run_app(args: argparse.Namespace) -> int:
     config, fallback_message = AppConfig.load_for_start(store, start_check)
     window = MainWindow(store, config)
     window.show()
+    if report:  # painted before the load starts, which holds the interpreter for long stretches
+        show_crash_notice(window, report, log_dir)
     window.load_models()  # in the background: the window takes a message at once
     if fallback_message:  # said without a modal box, so nothing stands before the first message
         window.statusBar().showMessage(fallback_message.replace("\n\n", " "), 60000)
         window.models_label.setToolTip(fallback_message)
     if args.screenshot:
         window.models_loaded.connect(lambda _info: (window.grab().save(str(args.screenshot)), window.close()))
-    if report:
-        box = QtWidgets.QMessageBox(
-            QtWidgets.QMessageBox.Icon.Warning,
-            "Tandem closed unexpectedly",
-            f"Tandem closed unexpectedly last time. The report is kept in {log_dir}.",
-            parent=window,
-        )
-        box.setDetailedText(report)
-        box.setWindowModality(QtCore.Qt.WindowModality.NonModal)  # the chat stays usable behind it
-        box.show()
     code = app.exec()
     store.close()
     return code
+
+
+def show_crash_notice(window, report: str, log_dir: Path):
+    """The "closed unexpectedly" notice, shown and painted now. Shown after the load had started, it
+    stayed black for the whole load: the loader thread's imports and conversions held the interpreter,
+    so its first paint waited for them."""
+    import time
+
+    from app.qt import QtCore, QtWidgets
+
+    box = QtWidgets.QMessageBox(
+        QtWidgets.QMessageBox.Icon.Warning,
+        "Tandem closed unexpectedly",
+        f"Tandem closed unexpectedly last time. The report is kept in {log_dir}.",
+        parent=window,
+    )
+    box.setDetailedText(report)
+    box.setWindowModality(QtCore.Qt.WindowModality.NonModal)  # the chat stays usable behind it
+    box.show()
+    deadline = time.monotonic() + 2.0  # the window manager maps it; then it paints
+    while time.monotonic() < deadline:
+        QtWidgets.QApplication.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents, 50)
+        handle = box.windowHandle()
+        if handle is not None and handle.isExposed():
+            box.repaint()
+            QtWidgets.QApplication.processEvents()
+            break
+    return box
 
 
 def open_store(path: Path | None):

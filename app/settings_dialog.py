@@ -2,7 +2,8 @@
 
 Nothing is saved until it is valid: the target and draft are checked on the probe thread
 (app/bridge.py `Probes`, running engine/models/probes.py), and Apply and OK stay disabled with the
-reason shown while a check refuses. Cancel puts back the config the dialog opened with, even after
+reason shown while a check refuses. Pressed while a check is still running, they say so and take
+effect when it answers (or show its refusal). Cancel puts back the config the dialog opened with, even after
 Apply. A newer request makes an older answer stale; stale answers are dropped.
 """
 
@@ -23,6 +24,8 @@ from engine.settings import needs_draft_model
 CHECKING = "Checking that the draft shares the target's tokenizer…"
 CHECKING_TARGET = "Checking the target…"
 DRAFT_AFTER_TARGET = "The draft is checked against the target once the target is found."
+WAITING = (CHECKING, CHECKING_TARGET)
+APPLY_WHEN_CHECKED = "The settings apply as soon as the check is done."
 DRAFTER_REASONS = {
     "auto": "Automatic: measures the drafters on this machine while you chat and keeps the fastest.",
     "model": "A draft model proposes tokens; fastest when it agrees often with the target.",
@@ -55,6 +58,7 @@ class SettingsDialog(QtWidgets.QDialog):
         self._probe_inputs: dict[str, Any] = {}
         self._tokenizers: dict[str, Any] = {}  # only touched on the probe thread
         self._verdicts: dict[str, tuple[bool | None, str] | None] = {"draft": None, "target": None}
+        self._pending: str | None = None  # "apply" or "ok", pressed while a check was still running
 
         self.w = SettingsWidgets(probes.builtin_specs())
         for name in vars(self.w):  # the widgets, by their names, on the dialog too
@@ -73,6 +77,7 @@ class SettingsDialog(QtWidgets.QDialog):
         layout = QtWidgets.QVBoxLayout(self)
         self.tabs = self.w.tabs()
         layout.addWidget(self.tabs, 1)
+        self.tabs.currentChanged.connect(lambda _index: self._update_buttons())
         layout.addWidget(self.error_label)
         layout.addWidget(self.buttons)
         self.resize(640, 560)  # fits a 1366x768 screen with room for the title bar and a panel
@@ -93,6 +98,10 @@ class SettingsDialog(QtWidgets.QDialog):
     @property
     def ok_button(self) -> QtWidgets.QPushButton:
         return self.buttons.button(QtWidgets.QDialogButtonBox.StandardButton.Ok)
+
+    def checking(self) -> bool:
+        """A check of the target or draft is still running (Apply and OK then wait for it)."""
+        return self._refusal(self.config()) in WAITING
 
     def config(self) -> AppConfig:
         """The config the widgets show now (not necessarily valid)."""
@@ -126,9 +135,18 @@ class SettingsDialog(QtWidgets.QDialog):
         )
 
     def apply(self) -> bool:
-        """Validate, save to the store if there is one, and emit `applied`; False if refused."""
+        """Validate, save to the store if there is one, and emit `applied`; False if refused, or if a
+        check is still running (then it applies when the check answers)."""
+        return self._apply_or_wait("apply")
+
+    def _apply_or_wait(self, action: str) -> bool:
         config = self.config()
         refusal = self._refusal(config)
+        if refusal in WAITING:
+            self._pending = action
+            self.error_label.setText(f"{refusal} {APPLY_WHEN_CHECKED}")
+            return False
+        self._pending = None
         if refusal:
             self.error_label.setText(refusal)
             return False
@@ -355,14 +373,23 @@ class SettingsDialog(QtWidgets.QDialog):
 
     def _update_buttons(self) -> None:
         refusal = self._refusal(self.config())
-        # a verdict already has its own label beside its model
-        shown = (CHECKING, CHECKING_TARGET, self.w.draft_reason.text(), self.w.target_reason.text())
-        self.error_label.setText("" if refusal in shown else refusal)
+        if self._pending is not None and refusal in WAITING:
+            self.error_label.setText(f"{refusal} {APPLY_WHEN_CHECKED}")
+        else:
+            # a verdict already has its own label beside its model, when that is on the page in view
+            page = self.tabs.currentWidget()
+            labels = (self.w.draft_reason, self.w.target_reason)
+            beside = [label.text() for label in labels if page.isAncestorOf(label)]
+            self.error_label.setText("" if refusal in (*WAITING, *beside) else refusal)
         for button in (self.apply_button, self.ok_button):
-            button.setEnabled(not refusal)
+            button.setEnabled(not refusal or refusal in WAITING)  # pressed while checking: waits
+        if self._pending is not None and refusal not in WAITING:
+            action, self._pending = self._pending, None
+            if self._apply_or_wait(action) and action == "ok":
+                self.accept()
 
     def _ok(self) -> None:
-        if self.apply():
+        if self._apply_or_wait("ok"):
             self.accept()
 
 

@@ -55,6 +55,7 @@ class Sidebar(QtWidgets.QWidget):
         self.search_box.setPlaceholderText("Search messages (Ctrl+F)")
         self.search_box.setClearButtonEnabled(True)
         self.search_box.textChanged.connect(self._schedule_search)
+        self.search_box.returnPressed.connect(self.open_first_hit)
         layout.addWidget(self.search_box)
 
         buttons = QtWidgets.QHBoxLayout()
@@ -207,6 +208,22 @@ class Sidebar(QtWidgets.QWidget):
     def focus_search(self) -> None:
         self.search_box.setFocus(Qt.FocusReason.ShortcutFocusReason)
         self.search_box.selectAll()
+
+    @Slot()
+    def open_first_hit(self) -> None:
+        """Enter in the search box: the search now (not after its typing delay), then its first hit opened."""
+        if not self.searching():
+            return
+        if self._search_timer.isActive():
+            self._search_timer.stop()
+            self.refresh()
+        first = self.list.item(0)
+        if first is None or first.data(ID_ROLE) is None:  # "No messages match."
+            return
+        if self.list.currentItem() is first:  # already current: open it again
+            self.message_selected.emit(first.data(ID_ROLE), first.data(MESSAGE_ROLE))
+        else:
+            self.list.setCurrentItem(first)
 
     @Slot(str)
     def _schedule_search(self, _text: str) -> None:

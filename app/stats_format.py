@@ -5,12 +5,14 @@ same tokens/s and the same speed-up in both. Pure functions, no Qt: a reply's st
 a live GenerationStats or as the dict stored with the message (GenerationStats.to_dict()).
 
 The speed-up is GenerationStats.speedup, and GenerationStats.verdict is the one rule for what is said
-of it (faster, slower, decoded plainly, no claim), here and in the Markdown export. When the reply had
-enough plain steps of its own, the target alone was timed in the same conditions and the figure says
-"measured in this reply"; otherwise it is compared with the engine's calibration and is labelled an
-estimate (speedup_is_estimate). A reply that drafted nothing, or had no draft token accepted, makes no
-speed-up claim at all. A figure a remote
-server did not report (GenerationStats.unreported) says so instead of showing 0.
+of it (faster, about the same, slower, decoded plainly, no claim), here and in the Markdown export.
+When the reply had enough plain steps of its own (the loop takes a few in every reply that drafts),
+the target alone was timed at the same moment and the figure says "measured in this reply";
+otherwise it is compared with the engine's calibration and is labelled an estimate
+(speedup_is_estimate). A reply decoded by the target alone reads ×1.00: it is its own baseline. A
+reply that drafted nothing shows no drafting figures (K, tokens per round, draft/verify time), and
+one with no draft token accepted makes no speed-up claim. A figure a remote server did not report
+(GenerationStats.unreported) says so instead of showing 0.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ PARTLY_PLAIN_NOTICE = (
     "machine; the speed-up above covers the whole reply."
 )
 SPEEDUP_TOOLTIP = (
-    "The target's own time per token times the tokens of this reply, over the time this reply took to "
-    'decode. "Measured in this reply" uses plain steps of this reply; an estimate uses the timing taken '
-    "when the model loaded."
+    "The target alone's time per token over this reply's time per token. \"Measured in this reply\" "
+    "times the target alone in plain steps of this very reply, under the same load; an estimate uses "
+    "the timing taken when the model loaded. Within 3 % of ×1.00 is about the same speed."
 )
+# verdicts that come with a figure
+SPEED_VERDICTS = ("faster", "about the same", "slower")
 UNREPORTED = "not reported by this server"
 # which GenerationStats names each shown value is computed from
 SOURCES = {
@@ -87,6 +91,16 @@ def describe_drafter(drafter: str) -> str:
     }.get(drafter, drafter)
 
 
+def drafter_in_use(stats: GenerationStats | dict) -> str:
+    """The drafter that drafted most of a reply's rounds, in words ("none (target alone)" when every
+    round was a plain step): what `auto` actually used."""
+    stats = as_stats(stats)
+    rounds = {name: count for name, count in stats.drafter_rounds.items() if name != "none"}
+    if not rounds:  # no round of it drafted, or a backend that keeps no history of its rounds
+        return describe_drafter(stats.drafter if stats.drafted and not stats.drafter_history else "none")
+    return describe_drafter(max(rounds, key=rounds.__getitem__))
+
+
 def tokens_per_second(stats: GenerationStats) -> float | None:
     """The one tok/s figure shown anywhere: generated tokens over decode time (prompt reading excluded)."""
     return stats.decode_tokens_per_s
@@ -95,10 +109,12 @@ def tokens_per_second(stats: GenerationStats) -> float | None:
 def speedup_text(stats: GenerationStats) -> str:
     """The speed-up in the panel's words; the footer and the Markdown export say the same."""
     verdict = stats.verdict
-    if verdict in ("faster", "slower"):
+    if verdict in SPEED_VERDICTS:
         if stats.speedup_is_estimate:
             return f"≈ ×{stats.speedup:.2f} ({verdict}, estimate)"
         return f"×{stats.speedup:.2f} ({verdict}, measured in this reply)"
+    if verdict == "target alone" and stats.speedup is not None and not stats.speedup_is_estimate:
+        return f"×{stats.speedup:.2f} (the target alone, its own baseline)"
     return {
         "target alone": "none (target alone)",
         "plain": "none: decoded plainly, nothing was drafted",
@@ -109,14 +125,15 @@ def speedup_text(stats: GenerationStats) -> str:
 def format_stats(stats: GenerationStats) -> dict[str, str]:
     """The text for each of FIELDS' keys."""
     speculating = stats.drafter != "none" and not stats.fallback_to_plain
+    drafted = stats.drafted > 0  # a reply that drafted nothing has no drafting figures
     values = {
         "drafter": describe_drafter(stats.drafter),
-        "k": _k_text(stats) if speculating else DASH,
+        "k": _k_text(stats) if speculating and drafted else DASH,
         "acceptance": _acceptance(stats),
-        "mean_accepted": _number(stats.mean_accepted_length, "{:.2f} tokens/round"),
+        "mean_accepted": _number(stats.mean_accepted_length if drafted else None, "{:.2f} tokens/round"),
         "tokens_per_s": _number(tokens_per_second(stats), "{:.1f} tok/s"),
         "ttft": _number(stats.ttft_s, "{:.2f} s"),
-        "time_split": _time_split(stats),
+        "time_split": _time_split(stats) if drafted else DASH,
         "trees": _trees(stats),
         "speedup": speedup_text(stats),
     }
@@ -161,7 +178,7 @@ def footer_line(stats: GenerationStats | dict) -> str:
         parts.append(f"{speed:.1f} tok/s")
     if stats.acceptance_rate is not None:
         parts.append(f"{stats.acceptance_rate:.0%} accepted")
-    if stats.verdict in ("faster", "slower"):
+    if stats.verdict in SPEED_VERDICTS:
         parts.append(speedup_text(stats).replace(" (", " vs target alone (", 1))
     elif stats.verdict == "plain":
         parts.append("decoded plainly")

@@ -15,6 +15,7 @@ from app.bridge import EngineInfo, LoadRequest
 from app.config import AppConfig
 from app.load_progress import LoadProgress, StageClock
 from app.qt import QObject, Qt, QTimer, QtWidgets, Signal, Slot
+from app.stats_format import describe_drafter, drafter_in_use
 
 
 class LoadingController(QObject):
@@ -31,6 +32,7 @@ class LoadingController(QObject):
         self.serving: AppConfig | None = None  # the config whose models answer
         self.wanted: AppConfig | None = None  # the config of the load under way, or of the last one
         self.progress = LoadProgress(window)
+        self._in_use: str | None = None  # the drafter the last reply used, in words
         self._optimize_clock = StageClock()
         self._optimize_timer = QTimer(self)  # the optimization's elapsed time moves between its reports
         self._optimize_timer.setInterval(1000)
@@ -84,7 +86,18 @@ class LoadingController(QObject):
             self.bridge.apply_settings(config.speculation(), config.sampling())
         if config.needs_load(self.wanted if self.busy else self.serving):
             self.load()
+        self.show_models()
         self.config_applied.emit(config)
+
+    def show_models(self, stats=None) -> None:
+        """The status bar's models line: the target, the drafter as set now (its `stats`: the drafter
+        the last reply actually used, for `auto`) and the device."""
+        info = self.bridge.info
+        if info is None:
+            return
+        if stats is not None:
+            self._in_use = drafter_in_use(stats)
+        self.window.models_label.setText(models_text(info, self.window.config, self._in_use))
 
     @Slot()
     def open_settings(self) -> None:
@@ -107,10 +120,8 @@ class LoadingController(QObject):
         if not self.busy:
             self.progress.finish()
         self.serving = self.wanted or window.config
-        draft = info.draft or "none"
-        if info.quantization != "none":
-            draft += f" ({info.quantization})"
-        window.models_label.setText(f"Target: {info.target}   Draft: {draft}   Device: {info.device}")
+        self._in_use = None
+        window.models_label.setText(models_text(info, window.config))
         window.models_label.setToolTip("\n".join(info.notices))
         window.stats_panel.set_drafter(_drafter_of(info, window.config))
         window.activity_label.setText("Ready")
@@ -175,6 +186,23 @@ def optimize_label(parent) -> QtWidgets.QLabel:
     label = QtWidgets.QLabel("", parent)
     label.setToolTip("Replies run uncompiled until the compiled path for this machine is ready.")
     return label
+
+
+def models_text(info: EngineInfo, config: AppConfig, in_use: str | None = None) -> str:
+    """e.g. "Target: smollm2-135m   Drafter: automatic; last reply: n-gram lookup   Device: cpu": the
+    drafter as set now, and for `auto` the one the last reply used most (`in_use`)."""
+    drafter = config.drafter
+    if config.backend != "local":
+        words = "the server's own"
+    elif drafter == "model" and info.draft:
+        quantization = f" ({info.quantization})" if info.quantization != "none" else ""
+        words = f"draft model {info.draft}{quantization}"
+    elif drafter == "auto":
+        words = "automatic" + (f" (draft model {info.draft} among them)" if info.draft else "")
+        words += f"; last reply: {in_use}" if in_use else ""
+    else:
+        words = describe_drafter(drafter)
+    return f"Target: {info.target}   Drafter: {words}   Device: {info.device}"
 
 
 def _drafter_of(info: EngineInfo, config: AppConfig) -> str:

@@ -194,6 +194,8 @@ class ReplyController(QObject):
                 window.stats_panel.update_stats(stats, caption="The reply just written")
                 window.chat_view.select_message(reply.message_id)
                 window.header.show_usage(stats)
+        if stats is not None and stats.source == "local":
+            window.loading.show_models(stats)  # the drafter this reply used, for `auto`
         window.sidebar.refresh()
         window.activity_label.setText(
             {"complete": "Ready", "cancelled": "Stopped", "error": "Reply failed"}[status]

@@ -7,6 +7,7 @@ replace `engine.speculation` / `engine.decoding.sampling` between replies.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import traceback
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from engine.models.quantize import no_drafting_note
 from engine.runtime.cache_transfer import shares_cache_layout
 from engine.runtime.fastest_runner import make_runner
 from engine.runtime.protocol import Runner
-from engine.runtime.threads import ThreadChooser
+from engine.runtime.threads import ThreadChooser, threads_set_to
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 
@@ -211,41 +212,62 @@ class ChatEngine:
         Also measures the target's forward time over 2..17 new tokens, which adaptive K starts from.
         The curve is kept per machine and model (engine/runtime/calibration.py), so a second start reads
         it back; `progress("Measuring this machine", 0, 1)` is reported only when it is measured.
+        On a CPU it is measured, and keyed, on the steady thread count (ThreadChooser.steady), not on
+        the count the last reply chose from the load: a curve measured after a reply ran on one thread
+        was stored under one thread, and the next start, on two, measured the machine again.
         """
         if self._step_time_s is None:
-            from engine.runtime import calibration
-
-            # Measured on the engine's own runner, so the figures are those of the path that generates.
-            runner = self._runner
-            key = calibration.calibration_key(self.target, runner)
-            stored = calibration.load(key) if use_cache else None
-            if stored is not None:
-                # A curve stored while other programs loaded the machine (or before a CPU change) would
-                # make every estimate wrong. A quick check of a single step and of one verify size
-                # (well under a second) rescales it when the machine is faster or slower, and has it
-                # measured again when its shape is off: t(4) / t(1) is what adaptive K trades on.
-                now = self._measure(runner, calibration.CHECK_SIZES, repeats=CHECK_REPEATS)
-                if not calibration.shape_agrees(stored, now):
-                    # a moment of load can bend one quick measurement: only a second one confirms it
-                    now = self._measure(runner, calibration.CHECK_SIZES, repeats=CHECK_REPEATS)
-                ratio = now[1] / stored[1]
-                if not calibration.shape_agrees(stored, now):
-                    stored = None
-                else:
-                    stored = {n: t * ratio for n, t in stored.items()}
-                    if not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
-                        calibration.save(key, stored)
-            if stored is not None:
-                self._verify_curve = VerifyCostCurve()
-                self._verify_curve.seconds = stored
-            else:
-                if progress is not None:
-                    progress("Measuring this machine", 0, 1)
-                self._verify_curve = VerifyCostCurve()
-                self._verify_curve.seconds = self._measure(runner, CALIBRATION_SIZES)
-                calibration.save(key, self._verify_curve.seconds)
-            self._step_time_s = self._verify_curve.seconds[1]
+            steady = self.threads.steady if self.threads is not None else None
+            with threads_set_to(steady) if steady else contextlib.nullcontext():
+                self._calibrate(progress, use_cache)
         return self._step_time_s
+
+    def _calibrate(self, progress, use_cache: bool) -> None:
+        from engine.runtime import calibration
+
+        # Measured on the engine's own runner, so the figures are those of the path that generates.
+        runner = self._runner
+        key = calibration.calibration_key(self.target, runner)
+        stored = calibration.load(key) if use_cache else None
+        if stored is not None:
+            # A curve stored while other programs loaded the machine (or before a CPU change) would
+            # make every estimate wrong. A quick check of a single step and of one verify size
+            # (well under a second) rescales it when the machine is faster or slower, and has it
+            # measured again when its shape is off: t(4) / t(1) is what adaptive K trades on.
+            now = self._measure(runner, calibration.CHECK_SIZES, repeats=CHECK_REPEATS)
+            if not calibration.shape_agrees(stored, now):
+                # a moment of load can bend one quick measurement: only a second one confirms it
+                now = self._measure(runner, calibration.CHECK_SIZES, repeats=CHECK_REPEATS)
+            ratio = now[1] / stored[1]
+            if not calibration.shape_agrees(stored, now) and not self._busy_for_measuring():
+                stored = None
+            else:
+                stored = {n: t * ratio for n, t in stored.items()}
+                if not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
+                    calibration.save(key, stored)
+        if stored is not None:
+            self._verify_curve = VerifyCostCurve()
+            self._verify_curve.seconds = stored
+        else:
+            if progress is not None:
+                progress("Measuring this machine", 0, 1)
+            self._verify_curve = VerifyCostCurve()
+            self._verify_curve.seconds = self._measure(runner, CALIBRATION_SIZES)
+            calibration.save(key, self._verify_curve.seconds)
+        self._step_time_s = self._verify_curve.seconds[1]
+
+    def _busy_for_measuring(self) -> bool:
+        """Whether other programs keep the CPU too busy for a measurement to be better than the stored
+        curve (calibration.BUSY_OTHERS_CORES). A shape that disagrees then says more about this
+        moment's load than about the curve, and measuring again under that load took a restart 30 s
+        (twice: the uncompiled path, then the compiled one) and stored no better a curve; the stored
+        one is kept, rescaled, and every round's verify refines it."""
+        from engine.runtime import calibration
+
+        if self.threads is None:
+            return False
+        others = self.threads.others_busy_now()
+        return others is not None and others > calibration.BUSY_OTHERS_CORES
 
     def _measure(self, runner, sizes, repeats: int = 3) -> dict[int, float]:
         """Seconds per forward over n new tokens after a short prompt, for n in `sizes`; the cache is emptied."""
@@ -274,12 +296,14 @@ class ChatEngine:
         this same thread: from another one, dynamo traced the graph five times slower."""
         with self._lock:
             self.compiling.warm_up(progress)
+            if self.speculation.drafter in ("head", "auto"):  # loaded and checked now, not in a reply
+                self.fitting_head()
+            # a compiled build from an earlier start first (it measures the runner it switches to), so
+            # a restart checks one curve, not the uncompiled runner's and then the compiled one's
+            self.compiling.read_back(progress, trees=not self.tree_graph_later)
             self.calibrate(progress)
             if not self.tree_graph_later:
                 self.compiling.add_tree_graph(progress)
-            if self.speculation.drafter in ("head", "auto"):  # loaded and checked now, not in a reply
-                self.fitting_head()
-            self.compiling.read_back(progress, trees=not self.tree_graph_later)
 
     # --- compiled paths (engine.compiled_paths) -------------------------------------------------
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-# plain steps a reply needs before its own figure replaces the calibration as the baseline
-MIN_PLAIN_STEPS = 8
+# plain steps a reply needs before its own figure replaces the calibration as the baseline; the loop
+# takes that many target-alone steps inside a reply that drafts every round (speculative.PlainProbe)
+MIN_PLAIN_STEPS = 4
+# a speed-up within this fraction of 1 is "about the same": neither faster nor slower
+SAME_SPEED_TOLERANCE = 0.03
 
 
 @dataclass
@@ -35,9 +38,14 @@ class GenerationStats:
     tree_rounds: int = 0
     tree_nodes: int = 0
     off_chain_rounds: int = 0
-    # plain steps inside this reply and their total seconds: the target alone, in the same conditions
+    # plain steps inside this reply and their total seconds: the target alone, in the same conditions.
+    # Each round is timed whole (planning, drafting, verifying, publishing its tokens), plain or not,
+    # so a plain round and a drafted one are costed alike: round_time_s over round_tokens is the
+    # reply's cost per token, plain_step_time_s over plain_steps the target alone's at the same moment
     plain_steps: int = 0
     plain_step_time_s: float = 0.0
+    round_time_s: float = 0.0
+    round_tokens: int = 0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     prefill_time_s: float = 0.0
@@ -84,34 +92,48 @@ class GenerationStats:
         return self.generated_tokens / decode if decode > 0 else None
 
     @property
+    def all_plain(self) -> bool:
+        """Every round of this reply was a plain step: the reply is the target alone, its own baseline."""
+        return self.rounds > 0 and self.plain_steps == self.rounds
+
+    @property
     def baseline_step_s(self) -> float | None:
-        """Seconds per token of the target alone: this reply's own plain steps when it has enough
-        (the same context, the same machine load), else the engine's calibration."""
-        if self.plain_steps >= MIN_PLAIN_STEPS:
+        """Seconds per token of the target alone: this reply's own plain steps when it has enough (the
+        same context, the same machine load, the same moment), else the engine's calibration."""
+        if self.plain_steps and (self.plain_steps >= MIN_PLAIN_STEPS or self.all_plain):
             return self.plain_step_time_s / self.plain_steps
         return self.target_step_time_s
 
     @property
     def speedup_is_estimate(self) -> bool:
-        """True when the baseline is the calibration rather than plain steps of this very reply."""
-        return self.plain_steps < MIN_PLAIN_STEPS
+        """True when the baseline is the calibration (taken at another moment) rather than plain steps
+        of this very reply."""
+        return not (self.plain_steps >= MIN_PLAIN_STEPS or self.all_plain)
 
     @property
     def speedup(self) -> float | None:
-        """Decode speed against the target alone: its step time (`baseline_step_s`) over our time per
-        token. The one figure every view shows; `speedup_text` says whether it is an estimate."""
+        """Decode speed against the target alone: its time per token (`baseline_step_s`) over this
+        reply's. The one figure every view shows; `speedup_text` says whether it is an estimate. A reply
+        decoded plainly throughout is its own baseline: ×1.00 by construction."""
         baseline = self.baseline_step_s
-        if not baseline or not self.generated_tokens or self.decode_time_s <= 0:
+        if not baseline:
             return None
-        return baseline * self.generated_tokens / self.decode_time_s
+        if self.round_tokens and self.round_time_s > 0:
+            per_token = self.round_time_s / self.round_tokens
+        elif self.generated_tokens and self.decode_time_s > 0:  # a record kept before rounds were timed
+            per_token = self.decode_time_s / self.generated_tokens
+        else:
+            return None
+        return baseline / per_token
 
     @property
     def verdict(self) -> str:
         """The one rule for what a reply says about drafting; every view (the panel, the footer, an
         export) words this and nothing else: "target alone" (no drafter), "plain" (nothing drafted),
-        "none accepted" (drafts, none kept), "faster" / "slower" (`speedup` from 1 up / below 1), or
-        "unmeasured" (no baseline, or a server that did not report it). A reply that drafted in some
-        rounds and fell back to plain steps in others is judged by its speed-up over the whole reply."""
+        "none accepted" (drafts, none kept), "about the same" (`speedup` within SAME_SPEED_TOLERANCE
+        of 1: ×0.97 to ×1.03), "faster" / "slower" (above / below that), or "unmeasured" (no baseline,
+        or a server that did not report it). A reply that drafted in some rounds and fell back to
+        plain steps in others is judged by its speed-up over the whole reply."""
         if self.drafter == "none":
             return "target alone"
         if self.drafted == 0:
@@ -121,7 +143,7 @@ class GenerationStats:
         speedup = self.speedup
         if speedup is None or "speedup" in self.unreported:
             return "unmeasured"
-        return "faster" if speedup >= 1 else "slower"
+        return speed_verdict(speedup)
 
     def speedup_text(self) -> str:
         """e.g. "×1.42 (estimate)": the label for the panel and the footer alike."""
@@ -170,3 +192,11 @@ class GenerationStats:
             value = getattr(self, spec.name)
             values[spec.name] = value.copy() if isinstance(value, list | dict) else value  # flat: ints, strs
         return GenerationStats(**values)
+
+
+def speed_verdict(speedup: float) -> str:
+    """ "faster", "slower" or "about the same" (within SAME_SPEED_TOLERANCE of ×1.00), judged on the
+    figure as shown (two decimals), so "×1.03" never reads "faster" when "×1.03" is "about the same"."""
+    if abs(round(speedup, 2) - 1) <= SAME_SPEED_TOLERANCE + 1e-9:
+        return "about the same"
+    return "faster" if speedup > 1 else "slower"

@@ -109,9 +109,11 @@ def test_export_from_the_menu_and_import_by_drag_and_drop(qtbot, store, tmp_path
 
     exported = tmp_path / "all.json"
     export_json(store, exported)
+    store.delete_conversation(window.conversation_id)  # an export imports what is not here already
+    store.purge_deleted()
     drop(window, [exported])
     conversations = store.list_conversations()
-    assert len(conversations) == 2 and {c.title for c in conversations} == {"Export me"}
+    assert len(conversations) == 1 and {c.title for c in conversations} == {"Export me"}
     assert "Imported 1 conversation" in window.statusBar().currentMessage()
     assert window.conversation_id == conversations[0].id
     assert [w.message.text for w in window.chat_view.widgets] == ["Export me", "**Bold** answer"]

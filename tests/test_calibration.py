@@ -107,10 +107,14 @@ def test_a_slow_measurement_on_a_busy_machine_is_bounded_before_it_is_kept(tmp_p
     assert calibration.load("k", path) == measured
 
 
-def test_a_stored_curve_of_the_wrong_shape_is_measured_again(cache_file, target, restart_tolerates_load):
+def test_a_stored_curve_of_the_wrong_shape_is_measured_again(
+    cache_file, target, restart_tolerates_load, monkeypatch
+):
     """A curve whose verify sizes were stored far off their cost (seen: t(4) = t(1), when a forward over
     4 tokens costs 1.45 single steps) made adaptive K misjudge every round of a session. The start-up
-    check compares t(4) / t(1) too, and measures the whole curve again when it is off."""
+    check compares t(4) / t(1) too, and measures the whole curve again when it is off (on a machine
+    quiet enough for a measurement to be trusted: here, whatever the load of the host)."""
+    monkeypatch.setattr(calibration, "BUSY_OTHERS_CORES", float("inf"))
     ChatEngine(target).prepare()
     key, entry = next(iter(json.loads(cache_file.read_text()).items()))
     measured = {int(n): t for n, t in entry["seconds"].items()}
@@ -132,3 +136,38 @@ def test_the_start_up_check_judges_two_token_verifies_too():
     assert not calibration.shape_agrees(stored, {1: 0.0151, 2: 0.0162, 4: 0.0255})  # t(4) now dear
     small = {1: 0.0010, 2: 0.0011, 4: 0.0012}  # a small model: a millisecond of jitter is no shape
     assert calibration.shape_agrees(small, {1: 0.0010, 2: 0.0016, 4: 0.0012})
+
+
+def test_a_shape_that_disagrees_on_a_busy_machine_keeps_the_stored_curve(
+    cache_file, target, restart_tolerates_load, monkeypatch
+):
+    """Measuring again under the load that bent the quick check stores no better a curve, and a restart
+    under load spent half a minute on it before its first answer: the stored curve is kept, rescaled."""
+    monkeypatch.setattr(calibration, "BUSY_OTHERS_CORES", -1.0)  # any load at all counts as busy
+    ChatEngine(target).prepare()
+    key, entry = next(iter(json.loads(cache_file.read_text()).items()))
+    measured = {int(n): t for n, t in entry["seconds"].items()}
+    dear = {n: t if n == 1 else 30 * measured[1] + 0.02 + t for n, t in measured.items()}
+    calibration.save(key, dear, cache_file)
+    engine = ChatEngine(target)
+    assert stages_of(engine) == []
+    curve = engine._verify_curve.seconds
+    assert curve[4] / curve[1] == pytest.approx(dear[4] / dear[1])
+
+
+def test_a_curve_measured_after_a_reply_chose_fewer_threads_is_found_by_the_next_start(
+    cache_file, target, restart_tolerates_load
+):
+    """A reply on a busy machine runs on fewer threads (engine.runtime.threads); a curve measured then
+    (the compiled path switched in between replies) was keyed by that count, and the next start, on
+    the default count, did not find it and measured the machine again."""
+    import torch
+
+    default = torch.get_num_threads()
+    first = ChatEngine(target)
+    torch.set_num_threads(max(1, default - 1) if default > 1 else 2)  # what a reply under load leaves
+    try:
+        assert stages_of(first) == ["Measuring this machine"]
+    finally:
+        torch.set_num_threads(default)
+    assert stages_of(ChatEngine(target)) == []

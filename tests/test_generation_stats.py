@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from engine.session import ChatEngine
+from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import MIN_PLAIN_STEPS, GenerationStats
 
 
@@ -53,3 +57,57 @@ def test_one_verdict_for_faster_slower_and_plain():
     assert stats(drafter="ngram", drafted=5, accepted=0).verdict == "none accepted"
     assert stats(drafter="ngram", drafted=5, accepted=2, total_time_s=30.0).verdict == "slower"
     assert stats(drafter="ngram", drafted=5, accepted=2, target_step_time_s=None).verdict == "unmeasured"
+
+
+def timed(speedup: float) -> GenerationStats:
+    """A reply that drafted, with plain steps of its own at 0.1 s a token and rounds `speedup` times
+    cheaper per token."""
+    return stats(drafter="ngram", rounds=40, drafted=60, accepted=30, plain_steps=MIN_PLAIN_STEPS,
+                 plain_step_time_s=MIN_PLAIN_STEPS * 0.1, round_tokens=100, round_time_s=10.0 / speedup)  # fmt: skip
+
+
+def test_within_three_percent_of_one_is_about_the_same_neither_faster_nor_slower():
+    for figure in (0.97, 0.99, 1.00, 1.01, 1.03):
+        assert timed(figure).verdict == "about the same", figure
+    assert timed(1.04).verdict == "faster" and timed(0.96).verdict == "slower"
+    assert timed(1.00).speedup == pytest.approx(1.0) and not timed(1.0).speedup_is_estimate
+
+
+def test_the_speedup_is_the_rounds_cost_per_token_against_plain_rounds_timed_alike():
+    """Not decode time over a calibration: every round (plain or drafted) is timed whole, and the
+    reply's plain rounds are the baseline, so both carry the same overheads at the same moment."""
+    s = timed(1.5)
+    assert s.speedup == pytest.approx(1.5)
+    s.target_step_time_s = 0.01  # a calibration taken at another moment no longer matters
+    assert s.speedup == pytest.approx(1.5)
+
+
+@pytest.fixture(scope="module")
+def engine_on(target):
+    def make(drafter: str, tokens: int = 24) -> ChatEngine:
+        engine = ChatEngine(target, speculation=SpeculationSettings(drafter=drafter),
+                            sampling=SamplingSettings(max_new_tokens=tokens))  # fmt: skip
+        engine.prepare()
+        return engine
+
+    return make
+
+
+def test_a_reply_of_the_target_alone_reads_one_by_construction(engine_on):
+    """Under any load: the reply is its own baseline (the app once showed ×1.42 for `none` replies,
+    against a baseline timed while the model loaded)."""
+    reply = engine_on("none").generate_ids([5, 6, 7, 8]).stats
+    assert reply.rounds > 0 and reply.plain_steps == reply.rounds and reply.drafted == 0
+    assert reply.speedup == pytest.approx(1.0, abs=1e-9) and not reply.speedup_is_estimate
+    assert reply.verdict == "target alone"
+
+
+def test_a_reply_that_drafts_times_the_target_alone_inside_itself(engine_on, target):
+    """A drafter that proposes every round still leaves a few plain rounds in the reply (the target
+    alone at the same moment), so its figure is measured, not an estimate."""
+    engine = engine_on("model", tokens=120)  # rounds of several tokens: enough for the probes
+    engine.set_draft(target)  # the target drafting for itself: accepted every round
+    reply = engine.generate_ids([5, 6, 7, 8]).stats
+    assert reply.drafted > 0
+    assert reply.plain_steps >= MIN_PLAIN_STEPS and not reply.speedup_is_estimate
+    assert reply.round_tokens == reply.generated_tokens - 1  # the first token comes from the prompt

@@ -6,7 +6,8 @@ import shutil
 import pytest
 
 from app.config import STORE_KEY, AppConfig
-from app.settings_dialog import CHECKING, SettingsDialog, SystemPromptDialog
+from app.qt import QtWidgets
+from app.settings_dialog import APPLY_WHEN_CHECKED, CHECKING, SettingsDialog, SystemPromptDialog
 
 SWAPPED_IDS = (200, 201)
 PROBE_TIMEOUT_MS = 30_000
@@ -55,7 +56,9 @@ def wait_for_draft_verdict(qtbot, dialog):
 
 
 def wait_until_applicable(qtbot, dialog):
-    qtbot.waitUntil(dialog.apply_button.isEnabled, timeout=PROBE_TIMEOUT_MS)
+    qtbot.waitUntil(
+        lambda: dialog.apply_button.isEnabled() and not dialog.checking(), timeout=PROBE_TIMEOUT_MS
+    )
 
 
 def test_the_tokenizers_really_differ(builtin_tokenizer, different_tokenizer_draft):
@@ -71,7 +74,8 @@ def test_the_tokenizers_really_differ(builtin_tokenizer, different_tokenizer_dra
 
 def test_incompatible_draft_is_refused_with_its_reason(qtbot, open_dialog, different_tokenizer_draft):
     dialog = open_dialog(AppConfig(drafter="model", draft=str(different_tokenizer_draft)))
-    assert not dialog.apply_button.isEnabled()  # not before the check has answered
+    assert dialog.apply() is False  # not before the check has answered: it says it waits
+    assert APPLY_WHEN_CHECKED in dialog.error_label.text()
     wait_for_draft_verdict(qtbot, dialog)
     reason = dialog.draft_reason.text()
     assert str(SWAPPED_IDS[0]) in reason
@@ -372,3 +376,32 @@ def test_the_wheel_over_an_unfocused_field_changes_nothing(qtbot, open_dialog):
     qtbot.waitUntil(dialog.quantization_combo.hasFocus, timeout=2000)
     wheel(dialog.quantization_combo)
     assert dialog.quantization_combo.currentIndex() != before[0]
+
+
+def test_ok_pressed_while_the_draft_is_checked_applies_when_the_check_answers(qtbot, open_dialog):
+    """Seen: none -> auto, then OK within half a second did nothing (OK greyed, no reason shown)."""
+    dialog = open_dialog(AppConfig(drafter="none"))
+    wait_until_applicable(qtbot, dialog)
+    dialog.drafter_combo.setCurrentIndex(dialog.drafter_combo.findData("auto"))
+    assert dialog.ok_button.isEnabled()
+    with qtbot.waitSignal(dialog.applied, timeout=PROBE_TIMEOUT_MS) as applied:
+        dialog.ok_button.click()
+        assert dialog.draft_reason.text() != CHECKING or APPLY_WHEN_CHECKED in dialog.error_label.text()
+    assert applied.args[0].drafter == "auto"
+    qtbot.waitUntil(lambda: dialog.result() == QtWidgets.QDialog.DialogCode.Accepted, timeout=1000)
+
+
+def test_ok_pressed_while_checking_an_incompatible_draft_shows_why(
+    qtbot, open_dialog, different_tokenizer_draft
+):
+    dialog = open_dialog(AppConfig(drafter="none", draft=str(different_tokenizer_draft)))
+    wait_until_applicable(qtbot, dialog)
+    dialog.drafter_combo.setCurrentIndex(dialog.drafter_combo.findData("model"))
+    dialog.ok_button.click()
+    wait_for_draft_verdict(qtbot, dialog)
+    assert str(SWAPPED_IDS[0]) in dialog.draft_reason.text()
+    for index in range(dialog.tabs.count()):  # the reason is in view whichever page is
+        dialog.tabs.setCurrentIndex(index)
+        beside = dialog.tabs.currentWidget().isAncestorOf(dialog.draft_reason)
+        assert beside or str(SWAPPED_IDS[0]) in dialog.error_label.text()
+    assert not dialog.ok_button.isEnabled() and dialog.result() != QtWidgets.QDialog.DialogCode.Accepted

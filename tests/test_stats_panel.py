@@ -232,3 +232,33 @@ def test_plain_decoding_has_no_acceptance(panel):
     assert panel.value_text("acceptance") == "—"
     assert panel.value_text("tokens_per_s") == "5.0 tok/s"
     assert panel.value_text("speedup") == "none (target alone)"
+
+
+def test_a_reply_that_drafted_nothing_shows_no_drafting_figures(panel):
+    """Seen: "Draft/verify time (2-3 % drafting)" and "1.00 tokens/round" on replies that drafted nothing."""
+    stats = GenerationStats(
+        drafter="ngram", k_mode="adaptive", rounds=12, plain_steps=12, generated_tokens=13
+    )
+    stats.accepted_lengths, stats.drafter_history = [1] * 12, ["none"] * 12
+    stats.draft_time_s, stats.verify_time_s = 0.012, 0.5  # a lookup that found nothing still takes time
+    stats.round_time_s, stats.round_tokens, stats.plain_step_time_s = 0.6, 12, 0.6
+    stats.prefill_time_s, stats.total_time_s = 0.1, 0.8
+    panel.update_stats(stats)
+    for key in ("k", "acceptance", "mean_accepted", "time_split", "trees"):
+        assert panel.value_text(key) == "—", key
+    assert "×" not in panel.value_text("speedup") and "decoded plainly" in panel.value_text("speedup")
+    assert "accepted" not in footer_line(stats) and "×" not in footer_line(stats)
+
+
+def test_the_target_alone_reads_one_and_about_the_same_is_neither_faster_nor_slower(panel):
+    alone = GenerationStats(drafter="none", rounds=10, plain_steps=10, generated_tokens=11)
+    alone.round_time_s = alone.plain_step_time_s = 0.5
+    alone.round_tokens, alone.total_time_s = 10, 0.6
+    panel.update_stats(alone)
+    assert panel.value_text("speedup") == "×1.00 (the target alone, its own baseline)"
+    even = round_stats(rounds=10)
+    even.plain_steps, even.plain_step_time_s = 4, 0.4  # 0.1 s a token alone, in this reply
+    even.round_tokens, even.round_time_s = 20, 2.02  # 0.101 s a token with drafting: ×0.99
+    panel.update_stats(even)
+    assert panel.value_text("speedup") == "×0.99 (about the same, measured in this reply)"
+    assert "faster" not in footer_line(even) and "slower" not in footer_line(even)

@@ -30,6 +30,7 @@ from engine.decoding.drafters import (
     empty_draft,
 )
 from engine.decoding.planner import DraftPlanner, Plan
+from engine.decoding.round_record import plain_probe_due, record_round, time_round
 from engine.decoding.sampling import (
     PositionNoise,
     accept_reject,
@@ -358,7 +359,9 @@ def generate(
         # a runner may verify at most so many tokens at once (FastRunner.verify_limit)
         most = target.verify_limit
         limit = budget - 1 if most is None else min(budget, most) - 1
-        plan = planner.plan(context, limit=limit)
+        round_started = time.perf_counter()
+        probing = plain_probe_due(stats, planner, speculation)
+        plan = Plan.plain_step() if probing else planner.plan(context, limit=limit)
         try:
             result = speculative_round(
                 target,
@@ -383,6 +386,7 @@ def generate(
         stats.note = " ".join(filter(None, [base_note, planner.note()]))
         for reader in readers:
             reader.observe_target(target.last_hidden, context)
+        time_round(stats, result, kept=len(context) - before, seconds=time.perf_counter() - round_started)
         stats.total_time_s = time.perf_counter() - started
         if reason is not None:
             rollback_target_to_context(target, context)
@@ -395,44 +399,3 @@ def generate(
 def rollback_target_to_context(target: Runner, context: list[int]) -> None:
     """After a reply ends early inside a round, drop cached tokens past context[:-1]."""
     target.rollback(min(target.cache_length, len(context) - 1))
-
-
-def record_round(
-    stats: GenerationStats, planner: DraftPlanner, plan: Plan, result: RoundResult, kept: int | None = None
-) -> None:
-    """`kept`: how many of the round's tokens the reply kept. A reply that ends inside a round (an end
-    token, a stop string) counts only those, so the stats count the tokens the reply shows."""
-    kept = len(result.tokens) if kept is None else kept
-    accepted = min(result.num_accepted, kept)
-    drafted = result.drafted if kept > result.num_accepted else kept  # positions past the end: not drafted
-    stats.rounds += 1
-    # the tokens really drafted: a drafter that stops by its own confidence drafts up to plan.k
-    stats.current_k = min(plan.k, result.drafted)
-    stats.k_history.append(stats.current_k)
-    stats.drafter_history.append(plan.drafter_name)
-    stats.drafted += drafted
-    stats.accepted += accepted
-    stats.accepted_lengths.append(kept)
-    if result.tree_nodes:
-        stats.tree_rounds += 1
-        stats.tree_nodes += result.tree_nodes
-        stats.off_chain_rounds += result.off_chain
-    else:
-        stats.padded_tokens += result.verify_size - result.drafted - 1
-    if drafted and not accepted:
-        stats.wasted_rounds += 1
-    for position in range(drafted):
-        if position == len(stats.per_position_drafted):
-            stats.per_position_drafted.append(0)
-            stats.per_position_accepted.append(0)
-        stats.per_position_drafted[position] += 1
-        stats.per_position_accepted[position] += position < accepted
-    if result.drafted == 0:  # a plain step in this reply: the target alone, measured in the same conditions
-        stats.plain_steps += 1
-        stats.plain_step_time_s += result.verify_s
-    stats.draft_time_s += result.draft_s
-    stats.verify_time_s += result.verify_s
-    stats.fallback_to_plain = planner.plain
-    stats.alpha_estimate = planner.alpha
-    stats.draft_step_time_s = planner.draft_step_s
-    stats.verify_forward_s = planner.curve.to_dict()

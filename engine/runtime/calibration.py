@@ -35,6 +35,9 @@ VERSION = 1  # bump when what is measured changes
 CHECK_SIZES = (1, 2, 4)
 STORED_SHAPE_TOLERANCE = 1.15
 SHAPE_JITTER_S = 0.002
+# Other programs keeping more than this many cores busy make a start-up measurement no better than the
+# stored curve: a shape that disagrees then keeps the stored curve, rescaled (ChatEngine.calibrate).
+BUSY_OTHERS_CORES = 0.5
 
 
 def cache_path() -> Path:

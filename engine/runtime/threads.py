@@ -13,9 +13,12 @@ TANDEM_THREADS=N fixes the count (the tests fix it, so that runs compare alike).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 MIN_WINDOW_S = 0.25  # a shorter gap between replies says too little: the last choice stays
@@ -55,13 +58,35 @@ def threads_for(free_cores: float, default: int) -> int:
     return max(1, min(default, math.floor(free_cores + 0.5)))
 
 
+@functools.lru_cache(maxsize=1)
+def torch_default_threads() -> int:
+    """torch's own thread count, as it was before any reply changed it. Read once per process: torch's
+    count is the process's, and a reply's choice (or a second engine's) must not become the default."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def threads_set_to(count: int) -> Iterator[None]:
+    """torch runs on `count` threads inside the block, and on what it ran before after it."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if previous != count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != previous:
+            torch.set_num_threads(previous)
+
+
 class ThreadChooser:
     """Chooses the thread count before each reply (choose) and marks the end of each (reply_ended)."""
 
     def __init__(self, default: int | None = None, cores: int | None = None):
-        import torch
-
-        self.default = default or torch.get_num_threads()
+        self.default = default or torch_default_threads()
         self.cores = cores or os.cpu_count() or 1
         fixed = os.environ.get("TANDEM_THREADS", "").strip()
         self.fixed = int(fixed) if fixed.isdigit() and int(fixed) > 0 else None
@@ -83,6 +108,21 @@ class ThreadChooser:
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
         return self.threads
+
+    @property
+    def steady(self) -> int:
+        """The count that does not follow the load (TANDEM_THREADS, else torch's default): what the
+        verify cost is measured on, so a curve stored after a reply ran on fewer threads is found again
+        by the next start (engine.runtime.calibration keys curves by the count they were measured on)."""
+        return self.fixed or self.default
+
+    def others_busy_now(self) -> float | None:
+        """Cores other programs have kept busy since the last reply ended (or since this chooser was
+        made), without changing the choice; None where /proc/stat cannot tell."""
+        now, since = take_sample(), self._since
+        if now is None or since is None or now.wall <= since.wall:
+            return None
+        return max(0.0, ((now.busy - since.busy) - (now.own - since.own)) / (now.wall - since.wall))
 
     def reply_ended(self) -> None:
         """The window for the next choice starts here: the time between replies is others' alone."""

@@ -92,13 +92,28 @@ def checked_text(text: str, where: str) -> str:
     return text
 
 
+def check_terminal(interactive: bool) -> None:
+    """Refuse, before a model loads, a chat with nowhere to print or, when it reads its messages,
+    nothing to read them from (`<&-` closes standard input; Python then has no sys.stdin)."""
+    from engine.errors import SettingsError
+
+    if sys.stdout is None:
+        raise SettingsError("Standard output is closed: there is nowhere to print the reply.")
+    if interactive and sys.stdin is None:
+        raise SettingsError(
+            "Standard input is closed: give the message with --message, or start the chat with its input open."
+        )
+
+
 def read_line() -> str | None:
-    """The next line the user types or pipes in; None at the end of input."""
+    """The next line the user types or pipes in; None at the end of input, or when the input is gone."""
     from engine.errors import InvalidTextError
 
+    if sys.stdin is None or sys.stdin.closed:
+        return None
     try:
         return input("\n> ")
-    except EOFError:
+    except (EOFError, OSError):  # OSError: a terminal that hung up
         return None
     except UnicodeDecodeError:
         raise InvalidTextError("Standard input is not valid UTF-8 text; send it as UTF-8.") from None
@@ -175,6 +190,8 @@ def converse(
         except ContextOverflowError as exc:
             messages.pop()
             if not interactive:
+                if recorder is not None:
+                    recorder.take_back()  # stored before the model loaded; refused, it leaves no trace
                 raise ContextOverflowError(exc.facts, "Send a shorter message.") from None
             print(f"tandem: {visible(exc.facts)} Send a shorter message, or /new to start a new conversation.",
                   file=sys.stderr)  # fmt: skip

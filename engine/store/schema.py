@@ -270,6 +270,18 @@ def check_writable(conn: sqlite3.Connection, path: Path) -> None:
             conn.execute("ROLLBACK")
 
 
+def remove_empty(path: Path) -> None:
+    """Remove a database file that holds nothing (0 bytes, as a create that failed on a full disk
+    leaves it), with its -wal and -shm; a file with anything in it is left alone."""
+    try:
+        if path.stat().st_size != 0:
+            return
+        for name in (path.name + "-wal", path.name + "-shm", path.name):
+            path.with_name(name).unlink(missing_ok=True)
+    except OSError:
+        pass  # it stays; the next open creates the database in it
+
+
 def _backup(conn: sqlite3.Connection, path: Path, version: int) -> None:
     """Copy an old database before migrating it, once per version: <name>.v<version>.bak."""
     target = path.with_name(f"{path.name}.v{version}.bak")

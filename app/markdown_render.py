@@ -2,6 +2,8 @@
 
 Model text is untrusted. markdown-it runs with html=False, so raw HTML comes out escaped; images are off,
 so nothing is fetched; links that markdown-it refuses (javascript:, data:, file:) stay plain text.
+Control characters (an escape sequence, a carriage return, C1 controls) are shown as symbols, as the
+terminal chat shows them (engine.cli.terminal.visible).
 
 Provenance colouring keeps the formatting: the Markdown is rendered as usual, then each character of
 the rendered document is matched back to the character of the source text it shows (markup such as
@@ -22,6 +24,7 @@ from pygments.token import Token
 from pygments.util import ClassNotFound
 
 from app.qt import QtGui
+from engine.cli.terminal import visible
 
 ALIGN_WINDOW = 48  # how far ahead in the source a rendered character is looked for
 
@@ -119,7 +122,7 @@ def render_markdown(text: str, theme: Theme) -> tuple[str, list[str]]:
     renderer.rules["code_block"] = fence
     renderer.rules["code_inline"] = code_inline
     try:
-        body = _MD.render(text)
+        body = _MD.render(visible(text))
     finally:
         renderer.rules = saved
     return body, codes

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from app.markdown_render import PROVENANCE_COLOURS, PROVENANCE_LABELS, Theme, colour_document, render_markdown
 from app.qt import Qt, QtCore, QtGui, QTimer, QtWidgets, Signal, Slot
 from app.stats_format import footer_line, footer_tooltip
+from engine.cli.terminal import visible
 
 COPIED_MS = 1500  # how long a Copy button says "Copied"
 WAITING_TEXT = (
@@ -215,12 +216,12 @@ class MessageWidget(QtWidgets.QFrame):
         self.dirty = False
         message = self.message
         if message.status == "error" and not message.text:
-            error = html.escape((message.stats or {}).get("error", "The reply failed."))
+            error = html.escape(visible(str((message.stats or {}).get("error", "The reply failed."))))
             body, self.code_blocks = f'<p style="color:{self.theme.error};">{error}</p>', []
         else:
             body, self.code_blocks = render_markdown(message.text, self.theme)
             if message.status == "error":
-                error = html.escape((message.stats or {}).get("error", "The reply failed."))
+                error = html.escape(visible(str((message.stats or {}).get("error", "The reply failed."))))
                 body += f'<p style="color:{self.theme.error};">{error}</p>'
         if message.status == "streaming" and not message.text:
             body = f'<p style="color:{self.theme.muted};">…</p>'

@@ -371,7 +371,10 @@ def fill(value, ws: Workspace):
 
 
 def fingerprint(path: Path):
-    """What a database holds: its rows when SQLite can read it, else its bytes; None when absent."""
+    """What a database holds: its rows when SQLite can read it, else its bytes; None when absent.
+
+    The full-text index's own rows are left out: they are derived from the messages, and a message
+    stored and then taken back (a --message the model refused) leaves the same rows but another index."""
     if not path.exists():
         return None
     if path.is_dir():
@@ -379,7 +382,8 @@ def fingerprint(path: Path):
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            return [conn.execute("PRAGMA user_version").fetchone()[0], *conn.iterdump()]
+            rows = [line for line in conn.iterdump() if not line.startswith('INSERT INTO "messages_fts_')]
+            return [conn.execute("PRAGMA user_version").fetchone()[0], *rows]
         finally:
             conn.close()
     except sqlite3.Error:

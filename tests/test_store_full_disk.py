@@ -89,3 +89,55 @@ def test_a_full_disk_keeps_the_reply_and_saves_it_when_space_returns(tmp_path):
     assert outcome["kept"] == expected  # nothing dropped while the disk was full
     assert outcome["saved_after"]
     assert (outcome["stored"], outcome["status"], outcome["integrity"]) == (expected, "complete", "ok")
+
+
+CREATE_SCRIPT = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from engine.errors import DiskFullError
+from engine.store.database import Store
+
+disk = Path(sys.argv[1])
+filler = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+for size in (65536, 4096, 512, 1):  # fill the disk to the last byte
+    try:
+        while True:
+            os.write(filler, b"\0" * size)
+    except OSError:
+        pass
+os.close(filler)
+try:
+    Store(disk / "new.db")
+    error = None
+except DiskFullError as exc:
+    error = str(exc)
+left = sorted(p.name for p in disk.iterdir())
+os.remove(disk / "filler")  # space returns: the next start creates the database
+store = Store(disk / "new.db")
+cid = store.create_conversation()
+print(json.dumps({"error": error, "left": left, "created": store.get_conversation(cid).id}))
+"""
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs unshare -rm to mount a small tmpfs")
+def test_a_database_created_on_a_full_disk_leaves_no_empty_file(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    setup = f'mount -t tmpfs -o size=2m tandem-full "{disk}"'
+    command = [
+        "unshare",
+        "-rm",
+        "sh",
+        "-c",
+        f'{setup} && exec "$0" "$@"',
+        sys.executable,
+        "-c",
+        CREATE_SCRIPT,
+    ]
+    result = subprocess.run([*command, str(disk), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    assert "is full: free space and retry" in outcome["error"]
+    assert outcome["left"] == ["filler"]  # no 0-byte new.db, -wal or -shm
+    assert outcome["created"] == 1

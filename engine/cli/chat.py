@@ -7,7 +7,7 @@ import functools
 import sys
 import time
 
-from engine.cli.terminal import checked_text, converse
+from engine.cli.terminal import check_terminal, checked_text, converse
 from engine.errors import SettingsError
 from engine.events import Finished
 from engine.models.builtin import DEFAULT_TARGET
@@ -231,9 +231,13 @@ def run_chat(args) -> int:
             raise SettingsError("--message is empty: give the text to send, or leave --message out to chat.")
     if args.system:
         checked_text(args.system, "--system")
-    # The database first: a wrong --db is reported in a second, not after minutes of model loading.
+    # The terminal and the database first: a closed stdin or a wrong --db is reported in a second, not
+    # after minutes of model loading; a --message is stored at once, so a kill during the load loses nothing.
+    check_terminal(interactive=not one_shot)
     recorder = ConversationRecorder.open(args.db, args) if args.db else None
     try:
+        if recorder is not None and one_shot:
+            recorder.store_message(args.message)
         if args.server:
             from engine.cli.remote_chat import run_remote_chat
 
@@ -264,8 +268,10 @@ def _chat(args, engine, sampling: SamplingSettings, recorder: ConversationRecord
 class ConversationRecorder:
     """Stores a terminal conversation in the same SQLite store the app uses, the same way.
 
-    The database is opened and claimed (the instance lock) before the model loads; the conversation
-    is created with the first message, so a run that fails before it leaves the database unchanged.
+    The database is opened, claimed (the instance lock) and checked writable before the model loads. The
+    conversation is created with the first message; a --message is stored then, before the model loads
+    (store_message), so neither a failed load nor a kill during it loses it. An interactive run that
+    fails before its first message leaves the database unchanged.
     Each reply is a 'streaming' row that a ThrottledUpdater keeps within half a second of the text
     printed, so kill -9 or Ctrl+C loses at most the last half second of a reply.
     """
@@ -277,14 +283,17 @@ class ConversationRecorder:
         self.args = args
         self.conversation_id: int | None = None
         self.last_id: int | None = None
+        self.stored: str | None = None  # a message stored ahead of its reply (store_message)
 
     @classmethod
     def open(cls, db_path: str, args) -> ConversationRecorder:
         from engine.store.database import Store
+        from engine.store.schema import check_writable
 
         store = Store(db_path)
         try:
             store.acquire_instance_lock()
+            check_writable(store.db.conn, store.path)
         except BaseException:
             store.close()
             raise
@@ -298,10 +307,8 @@ class ConversationRecorder:
         self.conversation_id = None
         self.last_id = None
 
-    def begin(self, text: str):
-        """Commit the user's message, then an empty streaming reply; the reply's updater."""
-        from engine.store.streaming import ThrottledUpdater
-
+    def store_message(self, text: str) -> None:
+        """Commit the user's message now, ahead of its reply; begin(text) then answers it."""
         if self.conversation_id is None:
             self.conversation_id = self.store.create_conversation(
                 title=text[:60],
@@ -310,6 +317,32 @@ class ConversationRecorder:
                 system_prompt=self.args.system or "",
             )
         self.last_id = self.store.add_message(self.conversation_id, "user", text, parent_id=self.last_id)
+        self.stored = text
+
+    def take_back(self) -> None:
+        """Delete a message stored ahead of its reply that the model then refused (longer than its
+        context), and its conversation: a refused message leaves no trace, as one never stored."""
+        if self.stored is None:
+            return
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM messages WHERE id = ?", (self.last_id,))
+            if not db.execute(
+                "SELECT 1 FROM messages WHERE conversation_id = ?", (self.conversation_id,)
+            ).fetchone():
+                db.execute("DELETE FROM conversations WHERE id = ?", (self.conversation_id,))
+        self.new_conversation()
+        self.stored = None
+
+    def begin(self, text: str):
+        """Commit the user's message (unless store_message did), then an empty streaming reply; the
+        reply's updater."""
+        from engine.store.streaming import ThrottledUpdater
+
+        if self.stored == text:  # stored before the model loaded: name the model that answers it
+            self.store.update_conversation(self.conversation_id, target_model=self.args.target)
+        else:
+            self.store_message(text)
+        self.stored = None
         meta = {"target": self.args.target, "draft": self.args.draft, "k": self.args.k}
         self.last_id = self.store.begin_assistant(self.conversation_id, parent_id=self.last_id, meta=meta)
         return ThrottledUpdater(self.store, self.last_id, interval=self.UPDATE_INTERVAL_S)

@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except TandemError as exc:
-        print(f"tandem: {exc}", file=sys.stderr)
+        from engine.cli.terminal import visible
+
+        print(f"tandem: {visible(str(exc))}", file=sys.stderr)  # it may quote a server's message
         return 2
     except KeyboardInterrupt:
         print(file=sys.stderr)

@@ -29,7 +29,7 @@ def api_key_from_args(args) -> str | None:
 
 def run_remote_chat(args, sampling: SamplingSettings, recorder) -> int:
     """The chat loop of engine.cli.chat against a server; `recorder` is its ConversationRecorder or None."""
-    from engine.cli.terminal import converse
+    from engine.cli.terminal import converse, visible
     from engine.remote.client import RemoteEngine
 
     remote = RemoteEngine(
@@ -40,7 +40,7 @@ def run_remote_chat(args, sampling: SamplingSettings, recorder) -> int:
 
     def after_turn(finished):
         if finished.reason in ("interrupted", "error"):
-            print(f"[{finished.reason}] {finished.stats.note}", file=sys.stderr)
+            print(f"[{finished.reason}] {visible(finished.stats.note)}", file=sys.stderr)
 
     converse(
         args, args.target, recorder, lambda messages: functools.partial(remote.respond, messages), after_turn

@@ -1,5 +1,11 @@
 """The terminal side of a chat, local or remote: reading a line, printing a reply as it streams, its stats,
-and the interactive chat's commands (/new, /help)."""
+and the interactive chat's commands (/new, /help).
+
+Text a model or a server wrote is shown through `visible()`: a terminal obeys the control characters in
+what it prints (ESC starts a sequence that may set the title, write the clipboard with OSC 52, move the
+cursor or erase the screen; a carriage return or backspace overwrites what was printed), so every
+control character but newline and tab is shown as a visible symbol instead of reaching it.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,24 @@ COMMANDS = {
 }
 # a line that is one word after a slash is a command; "/etc/hosts is..." is a message
 COMMAND_LINE = re.compile(r"/[A-Za-z?]+")
+# C0 controls, DEL and C1 controls (Unicode category Cc), but for newline and tab
+CONTROLS = re.compile(r"\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _symbol(match: re.Match) -> str:
+    char = match.group()
+    if char == "\r\n":  # a Windows line end is a line end
+        return "\n"
+    code = ord(char)
+    if code < 0x20:
+        return chr(0x2400 + code)  # the Control Pictures block: ESC is shown as "␛"
+    return "\u2421" if code == 0x7F else f"<{code:02X}>"  # DEL as "␡"; C1 (CSI is 9B) as "<9B>"
+
+
+def visible(text: str) -> str:
+    """`text` with every control character but newline and tab shown as a symbol: safe to print to a
+    terminal or to put in a rich-text view, and as long as the text or a little longer."""
+    return CONTROLS.sub(_symbol, text)
 
 
 class TerminalPrinter:
@@ -25,10 +49,10 @@ class TerminalPrinter:
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, TextPiece):
-            self.stream.write(event.text)
+            self.stream.write(visible(event.text))
             self.stream.flush()
         elif isinstance(event, Failed):
-            print(f"\n[error] {event.message}", file=sys.stderr)
+            print(f"\n[error] {visible(event.message)}", file=sys.stderr)
 
 
 def format_stats(finished: Finished) -> str:
@@ -49,7 +73,7 @@ def format_stats(finished: Finished) -> str:
         parts.append(f"speed-up {stats.speedup_text()} vs target alone")
     if stats.note:
         parts.append(stats.note)
-    return "[" + ", ".join(parts) + "]"
+    return visible("[" + ", ".join(parts) + "]")  # the drafter's name and the note may be a server's
 
 
 def checked_text(text: str, where: str) -> str:
@@ -68,13 +92,28 @@ def checked_text(text: str, where: str) -> str:
     return text
 
 
+def check_terminal(interactive: bool) -> None:
+    """Refuse, before a model loads, a chat with nowhere to print or, when it reads its messages,
+    nothing to read them from (`<&-` closes standard input; Python then has no sys.stdin)."""
+    from engine.errors import SettingsError
+
+    if sys.stdout is None:
+        raise SettingsError("Standard output is closed: there is nowhere to print the reply.")
+    if interactive and sys.stdin is None:
+        raise SettingsError(
+            "Standard input is closed: give the message with --message, or start the chat with its input open."
+        )
+
+
 def read_line() -> str | None:
-    """The next line the user types or pipes in; None at the end of input."""
+    """The next line the user types or pipes in; None at the end of input, or when the input is gone."""
     from engine.errors import InvalidTextError
 
+    if sys.stdin is None or sys.stdin.closed:
+        return None
     try:
         return input("\n> ")
-    except EOFError:
+    except (EOFError, OSError):  # OSError: a terminal that hung up
         return None
     except UnicodeDecodeError:
         raise InvalidTextError("Standard input is not valid UTF-8 text; send it as UTF-8.") from None
@@ -125,7 +164,7 @@ def converse(
     printer = TerminalPrinter()
     interactive = args.message is None
     if interactive:
-        print(f"Tandem chat with {title}. /help lists the commands; an empty line or Ctrl+D quits.",
+        print(f"Tandem chat with {visible(title)}. /help lists the commands; an empty line or Ctrl+D quits.",
               file=sys.stderr)  # fmt: skip
     while True:
         if interactive:
@@ -151,8 +190,10 @@ def converse(
         except ContextOverflowError as exc:
             messages.pop()
             if not interactive:
+                if recorder is not None:
+                    recorder.take_back()  # stored before the model loaded; refused, it leaves no trace
                 raise ContextOverflowError(exc.facts, "Send a shorter message.") from None
-            print(f"tandem: {exc.facts} Send a shorter message, or /new to start a new conversation.",
+            print(f"tandem: {visible(exc.facts)} Send a shorter message, or /new to start a new conversation.",
                   file=sys.stderr)  # fmt: skip
             continue
         messages.append({"role": "assistant", "content": finished.text})

@@ -34,6 +34,16 @@ from engine.remote.errors import (
     ServerUnreachableError,
 )
 from engine.remote.metrics_page import SpecCounters, spec_counters
+from engine.remote.shapes import (
+    MAX_BODY_BYTES,
+    MAX_ERROR_BYTES,
+    Chunk,
+    Delta,
+    bounded_lines,
+    parse_chunk,
+    parse_models,
+    read_bounded,
+)
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 
@@ -89,8 +99,7 @@ class RemoteEngine:
 
     def prepare(self, progress=None) -> None:
         """Checks that the server answers and accepts the key; picks the model when none was given."""
-        listing = self._get_json("/v1/models")
-        models = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
+        models = parse_models(self._get_body("/v1/models"), f"{self.base_url}/v1/models")
         if not models:
             raise RemoteProtocolError(f"The server at {self.base_url} lists no models.")
         if self.model_name is None:
@@ -134,24 +143,11 @@ class RemoteEngine:
                 "POST", "/v1/chat/completions", json=self._request_body(messages)
             ) as response:
                 if response.status_code != 200:
-                    response.read()
                     raise self._http_error(response)
-                watcher = threading.Thread(
-                    target=_close_on_cancel, args=(cancel, stop_watching, response), daemon=True
-                )
-                watcher.start()
-                for line in response.iter_lines():
-                    if cancel.is_set():
-                        break
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        reply.done = True
-                        break
-                    self._on_chunk(_decode(payload, self.base_url), reply, emit)
-                    if reply.error is not None:
-                        break
+                if _is_json(response):  # a server that ignored "stream": one whole reply
+                    self._on_whole_reply(response, reply, emit)
+                else:
+                    self._read_stream(response, reply, emit, cancel, stop_watching)
         except (httpx.HTTPError, httpx.StreamError) as error:
             if cancel.is_set():
                 pass  # the stream was closed to cancel
@@ -201,25 +197,55 @@ class RemoteEngine:
             body["seed"] = sampling.seed
         return body
 
-    def _on_chunk(self, chunk: dict, reply: _Reply, emit) -> None:
-        if "error" in chunk:
-            error = chunk["error"]
-            reply.error = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+    def _read_stream(self, response: httpx.Response, reply: _Reply, emit, cancel, stop_watching) -> None:
+        watcher = threading.Thread(
+            target=_close_on_cancel, args=(cancel, stop_watching, response), daemon=True
+        )
+        watcher.start()
+        for line in bounded_lines(response.iter_bytes(), f"The server at {self.base_url}"):
+            if cancel.is_set():
+                break
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                reply.done = True
+                break
+            self._on_chunk(parse_chunk(payload, f"The server at {self.base_url}"), reply, emit)
+            if reply.error is not None:
+                break
+
+    def _on_whole_reply(self, response: httpx.Response, reply: _Reply, emit) -> None:
+        body, more = read_bounded(response.iter_bytes(), MAX_BODY_BYTES)
+        if more:
+            raise RemoteProtocolError(
+                f"The server at {self.base_url} sent a reply longer than {MAX_BODY_BYTES >> 20} MiB."
+            )
+        self._on_chunk(parse_chunk(body, f"The server at {self.base_url}"), reply, emit)
+        reply.done = reply.error is None
+
+    def _on_chunk(self, chunk: Chunk, reply: _Reply, emit) -> None:
+        if chunk.error is not None:
+            error = chunk.error
+            reply.error = str(error.get("message", error)) if isinstance(error, dict) else str(error)
             return
-        for choice in chunk.get("choices") or []:
-            text = (choice.get("delta") or {}).get("content") or ""
+        for choice in chunk.choices or []:
+            text = ((choice.delta or choice.message) or _NO_TEXT).content or ""
             if text:
                 if reply.ttft_s is None:
                     reply.ttft_s = time.monotonic() - reply.start
                 reply.text += text
                 emit(TextPiece((TokenSpan(-1, text, "target"),)))
-            if choice.get("finish_reason"):
-                reply.finish_reason = choice["finish_reason"]
+            if choice.finish_reason:
+                reply.finish_reason = choice.finish_reason
         reply.started = True
-        for key in ("timings", "usage", "tandem"):
-            if isinstance(chunk.get(key), dict):
-                setattr(reply, key, chunk[key])
-        if isinstance(chunk.get("tandem"), dict) or isinstance(chunk.get("timings"), dict):
+        if chunk.timings is not None:
+            reply.timings = chunk.timings.model_dump(exclude_none=True)
+        if chunk.usage is not None:
+            reply.usage = chunk.usage.model_dump(exclude_none=True)
+        if chunk.tandem is not None:
+            reply.tandem = chunk.tandem
+        if chunk.tandem is not None or chunk.timings is not None:
             emit(RoundStats(self._stats(reply, None, None)))
 
     def _stats(
@@ -289,31 +315,30 @@ class RemoteEngine:
 
     # --- HTTP helpers -------------------------------------------------------------------------
 
-    def _get_json(self, path: str) -> dict:
+    def _get_body(self, path: str) -> bytes:
+        """The body of a GET that must answer 200, read up to MAX_BODY_BYTES."""
         try:
-            response = self._client.get(path, timeout=self._timeout_s)
+            with self._client.stream("GET", path, timeout=self._timeout_s) as response:
+                if response.status_code != 200:
+                    raise self._http_error(response)
+                body, more = read_bounded(response.iter_bytes(), MAX_BODY_BYTES)
         except httpx.HTTPError as error:
             raise self._transport_error(error) from None
-        if response.status_code != 200:
-            raise self._http_error(response)
-        try:
-            data = response.json()
-        except ValueError:
+        if more:
             raise RemoteProtocolError(
-                f"{self.base_url}{path} did not answer with JSON: is this an OpenAI-compatible server?"
-            ) from None
-        if not isinstance(data, dict):
-            raise RemoteProtocolError(
-                f"{self.base_url}{path} answered with something other than a JSON object."
+                f"{self.base_url}{path} answered with more than {MAX_BODY_BYTES >> 20} MiB."
             )
-        return data
+        return body
 
     def _metrics_page(self) -> str | None:
         try:
-            response = self._client.get("/metrics", timeout=self._timeout_s)
+            with self._client.stream("GET", "/metrics", timeout=self._timeout_s) as response:
+                if response.status_code != 200:
+                    return None
+                body, _ = read_bounded(response.iter_bytes(), MAX_BODY_BYTES)
         except httpx.HTTPError:
             return None
-        return response.text if response.status_code == 200 else None
+        return body.decode("utf-8", errors="replace")
 
     def _counters(self) -> SpecCounters | None:
         page = self._metrics_page()
@@ -374,25 +399,26 @@ def _close_on_cancel(cancel: threading.Event, stop: threading.Event, response: h
             return
 
 
-def _decode(payload: str, base_url: str) -> dict:
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        raise RemoteProtocolError(f"The server at {base_url} sent a stream chunk that is not JSON.") from None
-    if not isinstance(data, dict):
-        raise RemoteProtocolError(f"The server at {base_url} sent a stream chunk that is not an object.")
-    return data
+_NO_TEXT = Delta()
+
+
+def _is_json(response: httpx.Response) -> bool:
+    return response.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json"
 
 
 def _error_message(response: httpx.Response) -> tuple[str, str | None]:
+    """The message and code of an error answer, from at most MAX_ERROR_BYTES of its body."""
+    body, _ = read_bounded(response.iter_bytes(), MAX_ERROR_BYTES)
+    text = body.decode("utf-8", errors="replace")
     try:
-        data = response.json()
+        data = json.loads(text)
     except ValueError:
-        return (response.text.strip()[:200] or f"HTTP {response.status_code}"), None
+        return (text.strip()[:200] or f"HTTP {response.status_code}"), None
     error = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(error, dict):
-        return str(error.get("message") or error), error.get("code")
-    return str(error), None
+        code = error.get("code")
+        return str(error.get("message") or error)[:2000], code if isinstance(code, str) else None
+    return str(error)[:2000], None
 
 
 def _reason(error: BaseException) -> str:

@@ -57,6 +57,7 @@ from engine.store.schema import (  # noqa: F401
     move_aside,
     os_storage_error,
     prepare,
+    remove_empty,
     storage_error,
     translated_errors,
 )
@@ -77,18 +78,17 @@ class Store:
         if self.path.is_dir():
             # not CorruptDatabaseError: a folder must never be offered to be moved aside
             raise StorageError(f"{self.path} is a folder, not a Tandem database: give a file name.")
+        created = not self.path.exists()
         with translated_errors(self.path):
             conn = sqlite3.connect(self.path, isolation_level=None, timeout=busy_timeout_s)
         try:
-            self.db = self._open(conn)
+            self.db = prepare(conn, self.path)
+            self.recovered = self.recover_interrupted()
         except BaseException:
             conn.close()
+            if created:  # a create that failed (a full disk) leaves no empty file to trip the next start
+                remove_empty(self.path)
             raise
-
-    def _open(self, conn: sqlite3.Connection) -> sqlite_utils.Database:
-        self.db = prepare(conn, self.path)
-        self.recovered = self.recover_interrupted()
-        return self.db
 
     def recover_interrupted(self) -> int:
         """Mark 'interrupted' every streaming reply whose writer has ended; returns how many."""

@@ -162,8 +162,8 @@ LOW_SPACE_BYTES = 1 << 20  # below this much free space, an I/O failure is taken
 
 
 def disk_is_full(path: Path) -> bool:
-    folder = path if path.is_dir() else path.parent
-    try:
+    try:  # is_dir() too: a folder this user may not enter raises PermissionError
+        folder = path if path.is_dir() else path.parent
         return shutil.disk_usage(folder).free < LOW_SPACE_BYTES
     except OSError:
         return False
@@ -257,6 +257,29 @@ def prepare(conn: sqlite3.Connection, path: Path) -> sqlite_utils.Database:
             _backup(conn, path, version)
         migrate(db)
     return db
+
+
+def check_writable(conn: sqlite3.Connection, path: Path) -> None:
+    """Raise the store's error now if the database cannot be written (a read-only file, folder or
+    disk), rather than at its first real write: a write of the header that is rolled back."""
+    with translated_errors(path):
+        begin_immediate(conn)
+        try:
+            conn.execute(f"PRAGMA user_version = {user_version(conn)}")
+        finally:
+            conn.execute("ROLLBACK")
+
+
+def remove_empty(path: Path) -> None:
+    """Remove a database file that holds nothing (0 bytes, as a create that failed on a full disk
+    leaves it), with its -wal and -shm; a file with anything in it is left alone."""
+    try:
+        if path.stat().st_size != 0:
+            return
+        for name in (path.name + "-wal", path.name + "-shm", path.name):
+            path.with_name(name).unlink(missing_ok=True)
+    except OSError:
+        pass  # it stays; the next open creates the database in it
 
 
 def _backup(conn: sqlite3.Connection, path: Path, version: int) -> None:

@@ -9,9 +9,10 @@ error object, never a 500, and no body holds up the other clients:
     within BODY_TIMEOUT_S of the headers (408), so a client trickling its body in cannot hold a request
     open; a client that hangs up during its upload is `ClientGone`, not a server error;
   - the rest runs on a worker thread, so the event loop (other clients' streams, /health) goes on:
-  - at most MAX_ELEMENTS arrays, objects and values, counted with bytes.count before anything is parsed:
-    json.loads holds the interpreter lock however it is called, and 1.3 million tiny arrays took it and
-    the checks after it 7 s; MAX_ELEMENTS of them take a few tens of milliseconds (400);
+  - at most MAX_ELEMENTS arrays, objects and items after a comma (about as many values), counted with
+    bytes.count before anything is parsed: json.loads holds the interpreter lock however it is called,
+    and 1.3 million tiny arrays took it and the checks after it 7 s; MAX_ELEMENTS of them take a few
+    tens of milliseconds (400);
   - at most MAX_DEPTH levels of arrays and objects, measured before parsing: Python's parser recurses
     once per level, and a body nested 100,000 deep would end in a RecursionError (400);
   - JSON escapes can spell a lone surrogate ("\\ud800"), which no tokenizer or database takes (400).
@@ -38,7 +39,8 @@ _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # the unrolled f
 _BRACKETS = re.compile(rb"[\[\]{}]")
 # what a body needs to hold a lone surrogate once decoded: a \uD800-\uDFFF escape, UTF-8 bytes of a
 # surrogate (json.loads decodes with "surrogatepass"), or a zero byte (a UTF-16 or UTF-32 body)
-_MAY_HOLD_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|\x00")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_UTF8 = re.compile(rb"\xed[\xa0-\xbf]")
 
 
 class ClientGone(Exception):
@@ -87,16 +89,20 @@ async def _read_bounded(request: Request) -> bytes:
 
 def decode_body(raw: bytes):
     """`raw` decoded and checked, the cheap limits first; ApiError for a client's mistake."""
-    if elements_exceed(raw, MAX_ELEMENTS):
-        raise ApiError(
-            400, f"The request body holds more than {MAX_ELEMENTS:,} values, arrays and objects.",
-            code="invalid_json",
-        )  # fmt: skip
-    if nesting_exceeds(raw, MAX_DEPTH):
-        raise ApiError(
-            400, f"The request body nests arrays or objects more than {MAX_DEPTH} levels deep.",
-            code="invalid_json",
-        )  # fmt: skip
+    brackets = raw.count(b"[") + raw.count(b"{")
+    if brackets + raw.count(b",") > MAX_ELEMENTS or brackets > MAX_DEPTH:
+        # brackets and commas inside strings count only while the total is under the limits
+        outside = without_strings(raw)
+        if outside is None or elements_exceed(outside, MAX_ELEMENTS):
+            raise ApiError(
+                400, f"The request body holds too many JSON values: more than {MAX_ELEMENTS:,} arrays, "
+                "objects and items after a comma.", code="invalid_json",
+            )  # fmt: skip
+        if nesting_exceeds(outside, MAX_DEPTH):
+            raise ApiError(
+                400, f"The request body nests arrays or objects more than {MAX_DEPTH} levels deep.",
+                code="invalid_json",
+            )  # fmt: skip
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -105,7 +111,7 @@ def decode_body(raw: bytes):
         raise ApiError(
             400, "The request body holds a number too long to read.", code="invalid_json"
         ) from None
-    found = invalid_text_at(body) if _MAY_HOLD_SURROGATE.search(raw) else None
+    found = invalid_text_at(body) if may_hold_a_surrogate(raw) else None
     if found is not None:
         path, is_key, char, position = found
         where = f"'{path}'" if path else "the request body"
@@ -118,26 +124,33 @@ def decode_body(raw: bytes):
     return body
 
 
-def elements_exceed(raw: bytes, limit: int) -> bool:
-    """Whether the JSON in `raw` holds more than about `limit` values, arrays and objects, without
-    parsing it: each value after a container's first follows a comma, so brackets and commas count
-    them. Those inside strings count only while that keeps the total under the limit; past it, the
-    strings are cut out and the rest counted, once their number is known to be small enough for that
-    to be quick (each key and each value is at most one string)."""
-    if raw.count(b"[") + raw.count(b"{") + raw.count(b",") <= limit:
-        return False
-    if (raw.count(b'"') - raw.count(b'\\"')) // 2 > 2 * limit:
-        return True
-    outside = _STRINGS.sub(b"", raw)
+def may_hold_a_surrogate(raw: bytes) -> bool:
+    """Whether decoding `raw` can give a lone surrogate; most bodies are ruled out by a byte search."""
+    return (
+        (b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) is not None)
+        or (b"\xed" in raw and _SURROGATE_UTF8.search(raw) is not None)
+        or b"\x00" in raw
+    )
+
+
+def without_strings(raw: bytes) -> bytes | None:
+    """`raw` with its JSON strings cut out, or None where it holds more strings than MAX_ELEMENTS
+    allows (each key and each value is at most one), which would make cutting them out slow."""
+    if (raw.count(b'"') - raw.count(b'\\"')) // 2 > 2 * MAX_ELEMENTS:
+        return None
+    return _STRINGS.sub(b"", raw)
+
+
+def elements_exceed(outside: bytes, limit: int) -> bool:
+    """Whether the JSON `outside` (its strings cut out) holds more than `limit` arrays, objects and items
+    after a comma: about its number of values, counted without parsing it."""
     return outside.count(b"[") + outside.count(b"{") + outside.count(b",") > limit
 
 
-def nesting_exceeds(raw: bytes, limit: int) -> bool:
-    """Whether arrays and objects nest deeper than `limit` (brackets inside strings do not count)."""
-    if raw.count(b"[") + raw.count(b"{") <= limit:
-        return False
+def nesting_exceeds(outside: bytes, limit: int) -> bool:
+    """Whether arrays and objects in the JSON `outside` (its strings cut out) nest deeper than `limit`."""
     depth = 0
-    for bracket in _BRACKETS.findall(_STRINGS.sub(b'""', raw)):
+    for bracket in _BRACKETS.findall(outside):
         depth += 1 if bracket in b"[{" else -1
         if depth > limit:
             return True

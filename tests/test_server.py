@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -119,6 +120,19 @@ def wait_until(condition, timeout_s: float = 60.0, what: str = "condition") -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+def raw_http(url: str, request: bytes, timeout_s: float = 120) -> tuple[int, dict]:
+    """Sends `request` as it is (no client fixing its headers) and reads the answer to the end:
+    (status, JSON body)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
 
 
 def sse_events(response) -> list:
@@ -233,6 +247,23 @@ BAD_REQUESTS = [
     ("top-p-0", chat_body(top_p=0), JSON, 400, None, "top_p"),
     ("top-k-negative", chat_body(top_k=-1), JSON, 400, None, "top_k"),
     ("max-tokens-0", chat_body(max_tokens=0), JSON, 400, None, "max_tokens"),
+    # a reply no longer than the model's context
+    (
+        "max-tokens-10**12",
+        chat_body(max_tokens=10**12),
+        JSON,
+        400,
+        "max_tokens_exceeds_context",
+        "max_tokens",
+    ),
+    (
+        "max-completion-tokens-past-context",
+        chat_body(max_tokens=4, max_completion_tokens=10**6),
+        JSON,
+        400,
+        "max_tokens_exceeds_context",
+        "max_completion_tokens",
+    ),
     ("stream-text", chat_body(stream="yes"), JSON, 400, None, "stream"),
     ("stop-5", chat_body(stop=["a", "b", "c", "d", "e"]), JSON, 400, None, "stop"),
     ("no-messages", chat_body(messages=[]), JSON, 400, None, "messages"),
@@ -316,6 +347,31 @@ BAD_REQUESTS = [
         "messages",
     ),
     ("9-MiB", b'{"metadata": "' + b"x" * (9 * 2**20) + b'"}', JSON, 413, "request_too_large", None),
+    # element count: refused before parsing (json.loads of 2.6 million tiny arrays holds the server ~1 s)
+    (
+        "tiny-arrays-8-MB",
+        raw(chat_body(user=[])).replace(b"[]", b"[" + b"[]," * 2_600_000 + b"[]]"),
+        JSON,
+        400,
+        "invalid_json",
+        None,
+    ),
+    (
+        "empty-strings-8-MB",
+        raw(chat_body(user=[])).replace(b"[]", b"[" + b'"",' * 2_600_000 + b'""]'),
+        JSON,
+        400,
+        "invalid_json",
+        None,
+    ),
+    (
+        "numbers-8-MB",
+        raw(chat_body(user=[])).replace(b"[]", b"[" + b"0," * 3_900_000 + b"0]"),
+        JSON,
+        400,
+        "invalid_json",
+        None,
+    ),
     # how the body is sent: JSON only (text/plain is what a web page may send without asking)
     ("text/plain", raw(chat_body()), "text/plain", 415, "unsupported_media_type", None),
     ("form", raw(chat_body()), "application/x-www-form-urlencoded", 415, "unsupported_media_type", None),
@@ -381,6 +437,16 @@ def test_with_an_api_key_any_host_name_is_served_but_not_any_web_page(server, cl
     assert client.get("/v1/models", headers={"Host": "my-machine.lan:8000"}).status_code == 200
     page = client.get("/v1/models", headers={"Origin": "http://evil.example"})
     assert page.status_code == 403 and page.json()["error"]["code"] == "origin_not_allowed"
+
+
+def test_with_an_api_key_a_request_without_a_host_is_served_but_not_a_malformed_host(server):
+    key = f"Authorization: Bearer {API_KEY}\r\n".encode()
+    status, body = raw_http(server.url, b"GET /v1/models HTTP/1.0\r\n" + key + b"\r\n")
+    assert status == 200 and body["data"][0]["id"] == DEFAULT_TARGET
+    status, body = raw_http(
+        server.url, b"GET /v1/models HTTP/1.0\r\nHost: 127.0.0.1:evil.com\r\n" + key + b"\r\n"
+    )
+    assert status == 400 and body["error"]["code"] == "invalid_host"
 
 
 def test_binding_beyond_the_loopback_needs_an_api_key():

@@ -106,6 +106,7 @@ def run_serve(args) -> int:
 
     from engine.cli.chat import sampling_from_args, speculation_from_args
     from engine.server.app import create_app
+    from engine.server.connections import server_config
     from engine.server.guard import checked_origin
     from engine.server.listen import bind_socket, check_bind
 
@@ -137,7 +138,7 @@ def run_serve(args) -> int:
             await super().startup(sockets)
             print(f"Listening on http://{shown}:{port}", flush=True)
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    config = server_config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
     print(f"Serving {args.model_name or args.target} (drafter: {speculation.drafter}).", file=sys.stderr)
     Server(config).run(sockets=[sock])
     return 0

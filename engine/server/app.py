@@ -32,8 +32,8 @@ from engine.backend import ChatBackend
 from engine.errors import ContextOverflowError, SettingsError, TandemError
 from engine.events import Finished, RoundStats, TextPiece
 from engine.server import schemas
-from engine.server.body import read_json
-from engine.server.guard import RequestGuard
+from engine.server.body import BODY_TIMEOUT_S, ClientGone, read_json
+from engine.server.guard import CLIENT_GONE, RequestGuard
 from engine.server.metrics import ServerMetrics
 from engine.server.schemas import ApiError
 from engine.server.worker import EngineWorker, Job, ServerBusy
@@ -62,10 +62,12 @@ def create_app(
     bound_host: str = "127.0.0.1",
     allow_hosts: Iterable[str] = (),
     cors_origins: Iterable[str] = (),
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """An app serving `backend` as `model_name`. With `api_key`, every /v1 and /metrics call needs it;
     without one, only requests for `bound_host`, localhost, a loopback address or one of `allow_hosts`
-    are served. Browser requests from another origin are refused unless `cors_origins` names it."""
+    are served. Browser requests from another origin are refused unless `cors_origins` names it. A body
+    must arrive within `body_timeout_s` of its headers."""
     defaults = defaults or SamplingSettings()
     metrics = ServerMetrics()
     worker = EngineWorker(backend, max_queue, metrics)
@@ -98,6 +100,12 @@ def create_app(
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
         headers = {"Retry-After": "1"} if error.status == 503 else None
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, error: ClientGone) -> PlainTextResponse:
+        """A client that hung up during its upload: nobody reads the answer, and it is no error here."""
+        metrics.count_request("disconnected")
+        return PlainTextResponse("", status_code=CLIENT_GONE)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -136,7 +144,8 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         check_key(request)
-        chat = schemas.parse_chat_request(await read_json(request), model_name, defaults)
+        body = await read_json(request, body_timeout_s)
+        chat = schemas.parse_chat_request(body, model_name, defaults, context_length)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -160,7 +169,7 @@ def create_app(
             first = await _next(events, request, worker, job)
         except _ClientGone:
             metrics.count_request("cancelled")
-            return PlainTextResponse("", status_code=499)
+            return PlainTextResponse("", status_code=CLIENT_GONE)
         if isinstance(first, _Done) and isinstance(first.result, BaseException):
             metrics.count_request("error")
             raise _as_api_error(first.result)
@@ -175,7 +184,7 @@ def create_app(
                 item = await _next(events, request, worker, job)
         except _ClientGone:
             metrics.count_request("cancelled")
-            return PlainTextResponse("", status_code=499)
+            return PlainTextResponse("", status_code=CLIENT_GONE)
         if isinstance(item.result, BaseException):
             metrics.count_request("error")
             raise _as_api_error(item.result)

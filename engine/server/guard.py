@@ -2,17 +2,21 @@
 
 A web page in the user's browser can send requests to 127.0.0.1, and a page on a name that an
 attacker points at 127.0.0.1 (DNS rebinding) can even read the answers. So, before any route runs:
-  - Host: without an API key, only the bound address, `localhost`, a loopback address or a name
-    given with --allow-host is served (a rebinding page sends its own name);
+  - Host: it must be a valid host[:port] (400 otherwise: `127.0.0.1:evil.com` names no port, and a
+    lenient reading would serve it as 127.0.0.1); without an API key, only the bound address,
+    `localhost`, a loopback address or a name given with --allow-host is served (a rebinding page
+    sends its own name), and a request that names no host at all (HTTP/1.0 allows it) is refused;
   - Origin: a browser request from another origin is refused unless --cors-origin names that origin;
     the origins it names get CORS headers and their preflights answered (starlette's CORSMiddleware,
     inside this one).
 The third lock, JSON bodies only (no cross-origin page can send JSON without a preflight), is in
-engine.server.body. Refusals are OpenAI-style error objects with status 403.
+engine.server.body. Refusals are OpenAI-style error objects with status 403 (400 for a malformed Host).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -25,11 +29,32 @@ from engine.server.listen import is_loopback
 from engine.server.metrics import ServerMetrics
 from engine.server.schemas import ApiError
 
-CLIENT_GONE = 499  # answered to a client that left; counted as cancelled, not as an error
+CLIENT_GONE = 499  # answered to a client that left; counted on request_total, not as an error
+# RFC 3986's host (a bracketed IPv6 address, or a name or IPv4 address of letters, digits, '.', '-'
+# and '_'), then an optional port
+_HOST_HEADER = re.compile(
+    r"(?:\[(?P<ipv6>[0-9a-fA-F:.]+)\]|(?P<name>[A-Za-z0-9_][A-Za-z0-9._-]*))(?::(?P<port>[0-9]{0,5}))?"
+)
+
+
+def parsed_host(host_header: str) -> str | None:
+    """The host a Host header names, as host_name gives it, or None when the header is not a valid
+    host[:port]: '127.0.0.1:evil.com', '[::1]evil.com', '' and the like."""
+    found = _HOST_HEADER.fullmatch(host_header.strip())
+    if found is None or (found["port"] and int(found["port"]) > 65535):
+        return None
+    if found["ipv6"] is not None:
+        try:
+            return ipaddress.IPv6Address(found["ipv6"]).compressed
+        except ValueError:
+            return None
+    name = found["name"].lower().rstrip(".")
+    return name or None
 
 
 def host_name(host_header: str) -> str:
-    """'127.0.0.1:8000' -> '127.0.0.1', '[::1]:8000' -> '::1', 'LocalHost.' -> 'localhost'."""
+    """'127.0.0.1:8000' -> '127.0.0.1', '[::1]:8000' -> '::1', 'LocalHost.' -> 'localhost'; lenient, for
+    the names the server is told to serve (a Host header is read by parsed_host)."""
     host = host_header.strip().lower()
     if host.startswith("["):
         host = host[1 : host.find("]")] if "]" in host else host[1:]
@@ -88,14 +113,25 @@ class RequestGuard:
     def refusal(self, scope: Scope) -> ApiError | None:
         headers = Headers(scope=scope)
         host = headers.get("host")
-        if host is not None and self.allowed_hosts is not None:
-            name = host_name(host)
-            if name not in self.allowed_hosts and not is_loopback(name):
-                return ApiError(
-                    403, f"This server answers only to {self._served_names()}, not to '{name}'. Start it "
-                    f"with --allow-host {name} to serve that name too, or with an API key.",
-                    "permission_error", code="host_not_allowed",
-                )  # fmt: skip
+        name = None if host is None else parsed_host(host)
+        if host is not None and name is None:
+            return ApiError(
+                400, f"The Host header '{host[:100]}' is not a valid host name or address with an optional "
+                "port.", code="invalid_host",
+            )  # fmt: skip
+        if host is None and self.allowed_hosts is not None:
+            return ApiError(
+                403, f"This server answers only requests that name it in a Host header "
+                f"({self._served_names()}). Send one, as HTTP/1.1 requires, or start the server with an "
+                "API key.", "permission_error", code="host_not_allowed",
+            )  # fmt: skip
+        served = self.allowed_hosts is None or name is None or name in self.allowed_hosts
+        if not served and not is_loopback(name):
+            return ApiError(
+                403, f"This server answers only to {self._served_names()}, not to '{name}'. Start it "
+                f"with --allow-host {name} to serve that name too, or with an API key.",
+                "permission_error", code="host_not_allowed",
+            )  # fmt: skip
         origin = headers.get("origin")
         if origin is not None and origin not in self.cors_origins and origin != f"{scope['scheme']}://{host}":
             try:

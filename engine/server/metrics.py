@@ -4,11 +4,13 @@ The speculative counters carry vLLM's names (`<prefix>:spec_decode_num_drafts_to
 `..._num_accepted_tokens_per_pos_total{position="i"}`) with Tandem's prefix, so a dashboard built for
 vLLM reads them unchanged once the prefix is swapped (engine.remote.metrics_page reads either page).
 
-`request_total{outcome}` counts the chat requests the engine took (completed, cancelled, error) or
-turned away for a full queue (busy); `request_errors_total{code}` counts every answer sent with an
-error status, by HTTP code, on any route: a bad request (400), a missing key (401), a refused host or
-origin (403), a non-JSON body (415), a full queue (503). An error inside a stream already started is
-sent with status 200, so only `request_total{outcome="error"}` counts it.
+`request_total{outcome}` counts the chat requests the engine took (completed, cancelled, error),
+turned away for a full queue (busy) or lost to a client that hung up during its upload
+(disconnected); `request_errors_total{code}` counts every answer sent with an error status, by HTTP
+code, on any route: a bad request (400), a missing key (401), a refused host or origin (403), a body
+too slow (408), too large (413) or not JSON (415), a full queue (503). An error inside a stream
+already started is sent with status 200, so only `request_total{outcome="error"}` counts it; a client
+that left is no error (499, counted as cancelled or disconnected).
 """
 
 from __future__ import annotations

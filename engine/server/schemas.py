@@ -17,6 +17,8 @@ from engine.stats import GenerationStats
 # OpenAI finish reasons for Tandem's (a cancelled request has no client left to tell)
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length", "cancelled": "stop"}
 ROLES = ("system", "user", "assistant")
+# OpenAI's newer name for the system message ("developer" instructions), which its clients now send
+ROLE_ALIASES = {"developer": "system"}
 # fields accepted with any value that changes nothing here
 IGNORED_FIELDS = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 # fields accepted only at their neutral value (null, false, 0, 1 or empty)
@@ -64,10 +66,13 @@ class ChatRequest:
     sampling: SamplingSettings
 
 
-def parse_chat_request(body, model_name: str, defaults: SamplingSettings) -> ChatRequest:
+def parse_chat_request(
+    body, model_name: str, defaults: SamplingSettings, context_length: int | None = None
+) -> ChatRequest:
     """Checks a decoded request body; raises ApiError naming the offending field.
 
     Sampling fields a request leaves out take the server's defaults (`tandem-cli serve --temperature`...).
+    A reply cannot be longer than the model's context, so `max_tokens` past `context_length` is refused.
     """
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.")
@@ -95,7 +100,10 @@ def parse_chat_request(body, model_name: str, defaults: SamplingSettings) -> Cha
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens_name = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    max_tokens = body.get(max_tokens_name)
     seed = body.get("seed")
     sampling = SamplingSettings(
         temperature=_number(body, "temperature", defaults.temperature, 0.0, 5.0),
@@ -103,11 +111,21 @@ def parse_chat_request(body, model_name: str, defaults: SamplingSettings) -> Cha
         top_k=int(_number(body, "top_k", defaults.top_k, 0, 1e9, integer=True)),
         max_new_tokens=defaults.max_new_tokens
         if max_tokens is None
-        else _checked_int("max_tokens", max_tokens, 1),
+        else _max_tokens(max_tokens_name, max_tokens, context_length),
         seed=defaults.seed if seed is None else _checked_int("seed", seed, SEED_MIN, SEED_MAX),
         stop=_stop_strings(body.get("stop")),
     )
     return ChatRequest(model, messages, stream, bool(options.get("include_usage")), sampling)
+
+
+def _max_tokens(name: str, value, context_length: int | None) -> int:
+    value = _checked_int(name, value, 1)
+    if context_length and value > context_length:
+        raise ApiError(
+            400, f"'{name}' must be at most {context_length}, the model's context length, not {value}.",
+            param=name, code="max_tokens_exceeds_context",
+        )  # fmt: skip
+    return value
 
 
 def _stop_strings(value) -> tuple[str, ...]:
@@ -125,10 +143,13 @@ def _messages(value) -> list[dict]:
         raise ApiError(400, "'messages' must be a non-empty list.", param="messages")
     messages = []
     for i, message in enumerate(value):
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else None
+        if role not in ROLES:
             raise ApiError(
-                400, f"messages[{i}] needs a role: system, user or assistant.", param=f"messages[{i}]"
-            )
+                400, f"messages[{i}] needs a role: system, developer, user or assistant.",
+                param=f"messages[{i}]",
+            )  # fmt: skip
         content = message.get("content")
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
@@ -144,7 +165,7 @@ def _messages(value) -> list[dict]:
             content = "".join(p.get("text", "") for p in content)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}] needs text content.", param=f"messages[{i}].content")
-        messages.append({"role": message["role"], "content": content})
+        messages.append({"role": role, "content": content})
     if messages[-1]["role"] != "user":
         raise ApiError(400, "The last message must be the user's.", param="messages")
     return messages

@@ -6,7 +6,9 @@ so a message cannot close itself and open a `system` turn (llama.cpp's server an
 to tokenize so too). A message without a control token's text is tokenized exactly as the whole
 rendered prompt always was; one with such text is rendered with a marker in its place, the prompt is
 cut at the control tokens the template placed, and each piece between them is tokenized with the
-markers turned back into their text and special-token splitting off.
+markers turned back into their text and special-token splitting off. For byte-level BPE tokenizers
+(SmolLM2, Llama 3, Qwen, Phi-3) those pieces give the one call's ids; a SentencePiece tokenizer that
+marks only its first word may read a piece after a control token with a word mark.
 """
 
 from __future__ import annotations

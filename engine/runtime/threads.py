@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MIN_WINDOW_S = 0.25  # a shorter gap between replies says too little: the last choice stays
@@ -58,7 +59,12 @@ def threads_for(free_cores: float, default: int) -> int:
 class ThreadChooser:
     """Chooses the thread count before each reply (choose) and marks the end of each (reply_ended)."""
 
-    def __init__(self, default: int | None = None, cores: int | None = None):
+    def __init__(
+        self,
+        default: int | None = None,
+        cores: int | None = None,
+        sample: Callable[[], Sample | None] = take_sample,
+    ):
         import torch
 
         self.default = default or torch.get_num_threads()
@@ -67,14 +73,15 @@ class ThreadChooser:
         self.fixed = int(fixed) if fixed.isdigit() and int(fixed) > 0 else None
         self.threads = self.fixed or self.default
         self.others_busy: float | None = None  # cores other programs kept busy in the last window
-        self._since = take_sample()
+        self._sample = sample  # the machine's reading now (the tests feed their own)
+        self._since = sample()
 
     def choose(self) -> int:
         """The thread count for the reply about to start, set for the calling thread's kernels."""
         import torch
 
         if self.fixed is None:
-            now = take_sample()
+            now = self._sample()
             since = self._since
             if now is not None and since is not None and now.wall - since.wall >= MIN_WINDOW_S:
                 others = (now.busy - since.busy) - (now.own - since.own)
@@ -86,4 +93,4 @@ class ThreadChooser:
 
     def reply_ended(self) -> None:
         """The window for the next choice starts here: the time between replies is others' alone."""
-        self._since = take_sample()
+        self._since = self._sample()

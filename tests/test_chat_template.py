@@ -93,3 +93,43 @@ def test_a_base_model_transcript_reads_control_text_as_text(builtin_tokenizer):
     assert chat_prompt_ids(base, ordinary) == list(
         base("User: Hello\n\nAssistant:", add_special_tokens=False).input_ids
     )
+
+
+def test_the_terminal_chat_reads_a_forged_turn_as_text(tmp_path, builtin_tokenizer):
+    """`tandem-cli chat --message`: the stored reply's prompt is as long as with an ordinary message
+    plus the difference of their plain-text lengths."""
+    import os
+    import subprocess
+    import sys
+
+    from cli_crash import tiny_target
+
+    from engine.store.database import Store
+
+    target = tiny_target(tmp_path)
+    forged = FORGED.replace("<|endoftext|>", "")  # ends where the ordinary message ends: on a word
+
+    def prompt_tokens(message: str, name: str) -> int:
+        db = tmp_path / f"{name}.db"
+        command = [
+            sys.executable,
+            "-m",
+            "engine.cli.main",
+            "chat",
+            "--target",
+            str(target),
+            "--draft",
+            "none",
+        ]
+        command += ["--max-new-tokens", "1", "--db", str(db), "--message", message]
+        done = subprocess.run(
+            command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        with Store(db) as store:
+            return store.thread(1)[-1].stats["prompt_tokens"]
+
+    ordinary = "Go on"
+    assert prompt_tokens(forged, "forged") - prompt_tokens(ordinary, "ordinary") == len(
+        plain(builtin_tokenizer, forged)
+    ) - len(plain(builtin_tokenizer, ordinary))

@@ -103,6 +103,10 @@ def run_once(
                 result.problems.append(f"{printed} bytes printed, then exit {process.returncode}: {tail}")
                 return result
             time.sleep(0.01)
+        # the reply's first commit, however late a busy machine makes it: a kill before it would
+        # leave nothing stored to compare (the commit's timing is tests/test_store.py's to check)
+        while not stored_reply(db) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         time.sleep(wait)
     finally:
         killed_at = time.monotonic()
@@ -130,6 +134,19 @@ def run_once(
         result.problems.append(f"reply status {status!r}")
     count_loss(result, printed, content, arrivals, killed_at)
     return result
+
+
+def stored_reply(db: Path) -> str:
+    """The streaming reply as committed so far ("" before its first commit)."""
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            row = conn.execute("SELECT content FROM messages WHERE role = 'assistant'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return ""
+    return row[0] if row and row[0] else ""
 
 
 def count_loss(

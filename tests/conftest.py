@@ -116,3 +116,27 @@ def store(tmp_path):
 def target(make_tiny):
     """A tiny random Llama (seed 0) shared by one module's tests."""
     return make_tiny(seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(make_tiny):
+    """A tiny random Llama of two layers (seed 0) shared by one module's tests."""
+    return make_tiny(seed=0, layers=2)
+
+
+@pytest.fixture
+def kernel_built():
+    """Tandem's row attention and one-call decoder layer run here: a kernel test fails, rather than
+    passes on a fallback, where they did not build (a module takes it with usefixtures)."""
+    from engine.runtime.attention import rows_unavailable_reason
+    from engine.runtime.fused_layer import layer_kernel_unavailable_reason
+
+    for reason in (rows_unavailable_reason(), layer_kernel_unavailable_reason()):
+        assert reason is None, reason
+
+
+@pytest.fixture
+def compilation_allowed(monkeypatch):
+    """The suite turns compilation off (TANDEM_COMPILE above); the tests of compilation lift it with
+    usefixtures."""
+    monkeypatch.delenv("TANDEM_COMPILE", raising=False)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import inspect
 from typing import Protocol
 
-import pytest
-
 from engine.decoding.drafters import (
     BeginsRequests,
     Drafter,
@@ -71,11 +69,6 @@ def mismatches(implementation: object, protocol: type) -> list[str]:
 
 def capabilities_of(drafter) -> set[str]:
     return {protocol.__name__ for protocol in CAPABILITIES if isinstance(drafter, protocol)}
-
-
-@pytest.fixture(scope="module")
-def tiny(make_tiny):
-    return make_tiny(seed=0, layers=2)
 
 
 def real_drafters(tiny) -> dict[str, tuple[object, set[str]]]:

@@ -11,20 +11,16 @@ from engine.runtime.fused_layer import kernel_name, layer_kernel_unavailable_rea
 from engine.runtime.row_linear import EXACT_ROWS
 from engine.runtime.static_forward import FastLlama
 
-pytestmark = pytest.mark.skipif(
-    not has_avx2(), reason="this CPU has no AVX2, where Tandem's float kernels run"
-)
+pytestmark = [
+    pytest.mark.skipif(not has_avx2(), reason="this CPU has no AVX2, where Tandem's float kernels run"),
+    pytest.mark.usefixtures("kernel_built"),
+]
 
 SLOTS = 64
 # Every code path this CPU can run, not only the one it would pick: an AVX-512 machine checks the
 # AVX2 path that AVX2-only machines take.
 FLOAT_PATHS = ["avx2"] + (["avx512"] if "avx512f" in cpu_flags() else [])
 BLOCK_PATHS = ["avx2"] + (["vnni"] if {"avx512_vnni", "avx512vl"} <= cpu_flags() else [])
-
-
-@pytest.fixture(autouse=True)
-def kernel_built():
-    assert layer_kernel_unavailable_reason() is None, layer_kernel_unavailable_reason()
 
 
 def tiny_model(family: str, seed: int = 0, intermediate: int = 204):

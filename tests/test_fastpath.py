@@ -12,6 +12,7 @@ from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import TREE, FastRunner, causal_mask
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("compilation_allowed")  # these tests are about compilation
 
 # prefill, then verify/decode/rollback steps as ("forward", n) or ("rollback", length)
 SCRIPT = [("forward", 5), ("forward", 1), ("rollback", 14), ("forward", 3), ("forward", 1), ("rollback", 10)]
@@ -56,12 +57,6 @@ def greedy_verify(runner, prompt: list[int], steps: int = 12, k: int = 3) -> lis
 
 
 PROMPT = [1, 502, 33, 9001, 77, 4, 1200, 18, 65, 3000]
-
-
-@pytest.fixture(autouse=True)
-def _compilation_allowed(monkeypatch):
-    """conftest turns compilation off for the suite; these tests are about it."""
-    monkeypatch.delenv("TANDEM_COMPILE", raising=False)
 
 
 def test_causal_mask_rows():

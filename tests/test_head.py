@@ -51,11 +51,6 @@ def drafter_for(head, loaded, runner) -> HeadDrafter:
     return HeadDrafter(head, loaded.model.get_input_embeddings(), runner.vocab_size, runner.context_length)
 
 
-@pytest.fixture(scope="module")
-def tiny(make_tiny):
-    return make_tiny(seed=0, layers=2)
-
-
 # --- the target hands back its features -------------------------------------------------------------
 
 

@@ -11,9 +11,8 @@ from tests.test_fastpath import PROMPT, greedy, greedy_verify, replay
 
 
 @pytest.fixture(autouse=True)
-def _compilation_allowed(monkeypatch, tmp_path):
-    """conftest turns compilation off for the suite; inductor's caches go to a folder of this test's."""
-    monkeypatch.delenv("TANDEM_COMPILE", raising=False)
+def _own_cache_folder(compilation_allowed, monkeypatch, tmp_path):
+    """Compilation on (conftest's compilation_allowed); inductor's caches go to a folder of this test's."""
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path / "cache"))
 
 

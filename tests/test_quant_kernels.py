@@ -40,13 +40,13 @@ GOOD = qk.KERNELS["int8-weight"]
 
 
 @pytest.fixture(scope="module")
-def tiny(builtin_tokenizer):
+def tiny_llama(builtin_tokenizer):
     return build_tiny_llama(builtin_tokenizer, seed=3, layers=2, hidden=64)
 
 
-def test_the_check_refuses_a_broken_kernel_and_takes_the_next(tiny, builtin_tokenizer):
+def test_the_check_refuses_a_broken_kernel_and_takes_the_next(tiny_llama, builtin_tokenizer):
     model, info = quantize_checked(
-        copy.deepcopy(tiny), builtin_tokenizer, "int8", torch.device("cpu"), kernels=[BROKEN, GOOD]
+        copy.deepcopy(tiny_llama), builtin_tokenizer, "int8", torch.device("cpu"), kernels=[BROKEN, GOOD]
     )
     assert info["kernel"] == "int8-weight"
     assert isinstance(model.lm_head, qk.Int8WeightOnlyLinear)
@@ -57,17 +57,17 @@ def test_the_check_refuses_a_broken_kernel_and_takes_the_next(tiny, builtin_toke
     assert info["kernel_check"]["passed"] and info["kernel_check"]["agreement"] >= qc.MIN_AGREEMENT["int8"]
 
 
-def test_only_a_broken_kernel_is_a_settings_error(tiny, builtin_tokenizer):
+def test_only_a_broken_kernel_is_a_settings_error(tiny_llama, builtin_tokenizer):
     with pytest.raises(SettingsError, match="No INT8 kernel runs correctly.*int8-broken-scales"):
         quantize_checked(
-            copy.deepcopy(tiny), builtin_tokenizer, "int8", torch.device("cpu"), kernels=[BROKEN]
+            copy.deepcopy(tiny_llama), builtin_tokenizer, "int8", torch.device("cpu"), kernels=[BROKEN]
         )
 
 
-def test_checks_are_cached_per_kernel_version(tiny, builtin_tokenizer):
+def test_checks_are_cached_per_kernel_version(tiny_llama, builtin_tokenizer):
     cpu = torch.device("cpu")
     _model, first = quantize_checked(
-        copy.deepcopy(tiny), builtin_tokenizer, "int8", cpu, kernels=[BROKEN, GOOD]
+        copy.deepcopy(tiny_llama), builtin_tokenizer, "int8", cpu, kernels=[BROKEN, GOOD]
     )
     entries = json.loads(qc.cache_path().read_text())
     checks = {e["kernel"]: e["check"] for e in entries.values() if "check" in e}
@@ -81,7 +81,7 @@ def test_checks_are_cached_per_kernel_version(tiny, builtin_tokenizer):
 
     counting = dataclasses.replace(BROKEN, make_linear=counted)
     _model, second = quantize_checked(
-        copy.deepcopy(tiny), builtin_tokenizer, "int8", cpu, kernels=[counting, GOOD]
+        copy.deepcopy(tiny_llama), builtin_tokenizer, "int8", cpu, kernels=[counting, GOOD]
     )
     assert len(calls) == 1
     assert second["kernel_check"] == first["kernel_check"]
@@ -90,7 +90,7 @@ def test_checks_are_cached_per_kernel_version(tiny, builtin_tokenizer):
     calls.clear()
     newer = dataclasses.replace(counting, version=2)
     _model, third = quantize_checked(
-        copy.deepcopy(tiny), builtin_tokenizer, "int8", cpu, kernels=[newer, GOOD]
+        copy.deepcopy(tiny_llama), builtin_tokenizer, "int8", cpu, kernels=[newer, GOOD]
     )
     assert len(calls) > 1 and third["kernel"] == "int8-weight"
 
@@ -116,16 +116,16 @@ class FloatLinear(torch.nn.Module):
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
-def test_smoothing_is_exact_in_float(tiny, builtin_tokenizer):
+def test_smoothing_is_exact_in_float(tiny_llama, builtin_tokenizer):
     """Folding 1/s into the norms and up_proj and s into the weights leaves float logits unchanged."""
     ids = torch.tensor(builtin_tokenizer("Smoothing moves outliers into the weights.")["input_ids"])
-    model = copy.deepcopy(tiny)
+    model = copy.deepcopy(tiny_llama)
     maxima, (before,) = input_channel_maxima(model, [ids])
     float_kernel = qk.Kernel("float-smoothed", "int8", "cpu", "float, smoothed", FloatLinear, smooth=True)
     rest = fold_smoothing(copy.deepcopy(model), maxima)
     assert rest and all(".o_proj" in name for name in rest)  # everything else folds away
     float_kernel.build(model, maxima)
-    assert not torch.equal(model.model.norm.weight, tiny.model.norm.weight)
+    assert not torch.equal(model.model.norm.weight, tiny_llama.model.norm.weight)
     with torch.inference_mode():
         after = model(input_ids=ids.view(1, -1)).logits[0]
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)

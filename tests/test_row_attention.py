@@ -7,16 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels.cpu_features import has_avx2
-from engine.runtime.attention import attend_rows, rows_unavailable_reason
+from engine.runtime.attention import attend_rows
 
-pytestmark = pytest.mark.skipif(
-    not has_avx2(), reason="this CPU has no AVX2, where the row attention kernel runs"
-)
-
-
-@pytest.fixture(autouse=True)
-def kernel_built():
-    assert rows_unavailable_reason() is None, rows_unavailable_reason()
+pytestmark = [
+    pytest.mark.skipif(not has_avx2(), reason="this CPU has no AVX2, where the row attention kernel runs"),
+    pytest.mark.usefixtures("kernel_built"),
+]
 
 
 KV, G, SLOTS = 3, 3, 67  # slots not a multiple of 8: a last block of keys reads the zero padding

@@ -233,6 +233,38 @@ def test_throttled_updater_commits_on_its_own_within_the_interval(store):
     assert (message.status, message.token_count, message.stats) == ("complete", 20, {"tokens_per_s": 1.0})
 
 
+def test_throttled_updater_commits_the_oldest_uncommitted_piece_within_the_interval(store):
+    """The promise a kill -9 relies on (tests/test_store_crash.py, tests/test_cli_crash.py): text not
+    yet committed arrived less than `interval` ago. The updater reads the test's clock, so the rule is
+    checked as such, however late a busy machine wakes its thread: a steady stream is committed one
+    interval after its oldest piece, not one after its newest (which would never come)."""
+    cid = store.create_conversation()
+    mid = store.begin_assistant(cid)
+    now = [100.0]
+    commits: list[int] = []
+    updater = ThrottledUpdater(store, mid, interval=0.5, on_commit=commits.append, clock=lambda: now[0])
+
+    def committed(chars: int) -> bool:
+        for _ in range(600):  # the updater's thread wakes within its margin of each due time
+            if commits and commits[-1] == chars:
+                return True
+            threading.Event().wait(0.05)
+        return False
+
+    updater.append("first")
+    for step in range(1, 5):  # a piece every 0.1 s: the next one always arrives before any commit is due
+        now[0] = 100.0 + step * 0.1
+        updater.append(" more")
+    assert commits == []  # 0.4 s after the oldest piece: none is due yet
+    now[0] = 100.5  # one interval after the oldest piece
+    assert committed(len("first more more more more"))
+    assert store.get_message(mid).content == "first more more more more"
+    updater.append(" last")  # the next interval starts from this piece
+    now[0] = 101.0
+    assert committed(len("first more more more more last"))
+    updater.finish("complete")
+
+
 WRITER = """
 import sys
 from engine.store.database import Store

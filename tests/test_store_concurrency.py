@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CONVERSATIONS = 300
 WRITER = """
@@ -62,46 +64,58 @@ def test_two_processes_writing_300_conversations_each_both_finish(tmp_path):
         conn.close()
 
 
-RUN = """
-import sys, time
-from pathlib import Path
-from engine.store.database import Store
-db, started, count = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-with Store(db) as store:
-    cid = store.create_conversation("run")
-    for i in range(count):
-        with store.transaction() as d:
-            d.execute("INSERT INTO settings (key, value) VALUES (?, '0')", (f"run {i}",))
-            time.sleep(0.01)  # a write that holds the lock as a slow disk's sync would
-        started.touch()
-"""
-ONE_WRITE = """
-import sys, time
-from pathlib import Path
-from engine.store.database import Store
-db, started = sys.argv[1], Path(sys.argv[2])
-while not started.exists():
-    time.sleep(0.001)
-with Store(db) as store:
-    with store.transaction() as d:
-        d.execute("INSERT INTO settings (key, value) VALUES ('one write', '0')")
-"""
-
-
-def test_a_writer_gets_in_during_another_process_run_of_short_writes(tmp_path):
+def test_a_waiting_writer_tries_every_millisecond_and_gets_into_a_short_gap(tmp_path):
     """SQLite's own busy handler sleeps up to 100 ms between tries and so missed the short gaps
-    between the run's writes, waiting out the whole run; polling every millisecond gets in."""
+    between another process's run of short writes, waiting out the whole run. The waiting writer tries
+    with no busy handler and again after WRITE_POLL_S: here the other writer lets go during one of
+    those waits (the waits are the test's, so the gap is where it is on any machine) and the very
+    next try gets in."""
     from engine.store.database import Store
+    from engine.store.schema import WRITE_POLL_S, begin_immediate
 
-    db, started, count = tmp_path / "run.db", tmp_path / "started", 300
+    db = tmp_path / "gap.db"
     Store(db).close()
-    run = subprocess.Popen([sys.executable, "-c", RUN, str(db), str(started), str(count)], cwd=ROOT)
-    one = subprocess.Popen([sys.executable, "-c", ONE_WRITE, str(db), str(started)], cwd=ROOT)
-    assert [run.wait(timeout=600), one.wait(timeout=600)] == [0, 0]
-    conn = sqlite3.connect(db)
+    holder = sqlite3.connect(db, isolation_level=None)
+    waiter = sqlite3.connect(db, isolation_level=None, timeout=5)
     try:
-        keys = [key for (key,) in conn.execute("SELECT key FROM settings ORDER BY rowid")]
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("INSERT INTO settings (key, value) VALUES ('held', '0')")
+        waits: list[float] = []
+
+        def wait(seconds: float) -> None:
+            waits.append(seconds)
+            if len(waits) == 3:
+                holder.execute("COMMIT")  # the gap between two of the other writer's writes
+
+        begin_immediate(waiter, sleep=wait)
+        assert (
+            waits == [WRITE_POLL_S] * 3 and WRITE_POLL_S <= 0.002
+        )  # three tries refused at once; the first in the gap gets in
+        assert waiter.in_transaction
+        with pytest.raises(sqlite3.OperationalError):  # the gap is closed: the waiter holds the lock
+            holder.execute("BEGIN IMMEDIATE")
+        waiter.execute("INSERT INTO settings (key, value) VALUES ('one write', '0')")
+        waiter.execute("COMMIT")
+        assert waiter.execute("PRAGMA busy_timeout").fetchone()[0] == 5000  # the handler is back
     finally:
-        conn.close()
-    assert len(keys) == count + 1
-    assert keys.index("one write") < count, "the single write waited for the whole run"
+        holder.close()
+        waiter.close()
+
+
+def test_a_writer_still_refused_at_its_busy_timeout_gets_the_busy_error(tmp_path):
+    from engine.store.database import Store
+    from engine.store.schema import begin_immediate
+
+    db = tmp_path / "held.db"
+    Store(db).close()
+    holder = sqlite3.connect(db, isolation_level=None)
+    waiter = sqlite3.connect(db, isolation_level=None, timeout=0.05)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        waits: list[float] = []
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            begin_immediate(waiter, sleep=waits.append)
+        assert waits and not waiter.in_transaction
+    finally:
+        holder.close()
+        waiter.close()

@@ -18,7 +18,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 MIN_WINDOW_S = 0.25  # a shorter gap between replies says too little: the last choice stays
@@ -85,21 +85,27 @@ def threads_set_to(count: int) -> Iterator[None]:
 class ThreadChooser:
     """Chooses the thread count before each reply (choose) and marks the end of each (reply_ended)."""
 
-    def __init__(self, default: int | None = None, cores: int | None = None):
+    def __init__(
+        self,
+        default: int | None = None,
+        cores: int | None = None,
+        sample: Callable[[], Sample | None] = take_sample,
+    ):
         self.default = default or torch_default_threads()
         self.cores = cores or os.cpu_count() or 1
         fixed = os.environ.get("TANDEM_THREADS", "").strip()
         self.fixed = int(fixed) if fixed.isdigit() and int(fixed) > 0 else None
         self.threads = self.fixed or self.default
         self.others_busy: float | None = None  # cores other programs kept busy in the last window
-        self._since = take_sample()
+        self._sample = sample  # the machine's reading now (the tests feed their own)
+        self._since = sample()
 
     def choose(self) -> int:
         """The thread count for the reply about to start, set for the calling thread's kernels."""
         import torch
 
         if self.fixed is None:
-            now = take_sample()
+            now = self._sample()
             since = self._since
             if now is not None and since is not None and now.wall - since.wall >= MIN_WINDOW_S:
                 others = (now.busy - since.busy) - (now.own - since.own)
@@ -119,11 +125,11 @@ class ThreadChooser:
     def others_busy_now(self) -> float | None:
         """Cores other programs have kept busy since the last reply ended (or since this chooser was
         made), without changing the choice; None where /proc/stat cannot tell."""
-        now, since = take_sample(), self._since
+        now, since = self._sample(), self._since
         if now is None or since is None or now.wall <= since.wall:
             return None
         return max(0.0, ((now.busy - since.busy) - (now.own - since.own)) / (now.wall - since.wall))
 
     def reply_ended(self) -> None:
         """The window for the next choice starts here: the time between replies is others' alone."""
-        self._since = take_sample()
+        self._since = self._sample()

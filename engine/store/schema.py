@@ -109,7 +109,7 @@ def user_version(conn: sqlite3.Connection) -> int:
 WRITE_POLL_S = 0.001
 
 
-def begin_immediate(conn: sqlite3.Connection) -> None:
+def begin_immediate(conn: sqlite3.Connection, sleep: Callable[[float], None] = time.sleep) -> None:
     """BEGIN IMMEDIATE, waiting for another writer up to the connection's busy timeout.
 
     SQLite's own busy handler sleeps up to 100 ms between tries, so a writer waiting on another
@@ -128,7 +128,7 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
                 code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
                 if code not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or time.monotonic() >= deadline:
                     raise
-            time.sleep(WRITE_POLL_S)
+            sleep(WRITE_POLL_S)
     finally:
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
 

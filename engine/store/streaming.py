@@ -36,11 +36,13 @@ class ThrottledUpdater:
         message_id: int,
         interval: float = 0.5,
         on_commit: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.store = store
         self.message_id = message_id
         self.interval = interval
         self.on_commit = on_commit  # called on the updater's thread with the characters committed
+        self._clock = clock  # seconds, for when text arrived and when a commit is due (tests set their own)
         self.committed_chars = 0
         self.error: StorageError | TandemError | None = None
         self._margin = min(0.05, interval / 10)  # the commit itself takes a little time
@@ -73,7 +75,7 @@ class ThrottledUpdater:
             self._pieces.append(piece)
             self._length += len(piece)
             if self._oldest is None:
-                self._oldest = time.monotonic()
+                self._oldest = self._clock()
                 self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -122,7 +124,7 @@ class ThrottledUpdater:
                 with self._cond:
                     while not self._stopped:
                         due = self._due()
-                        now = time.monotonic()
+                        now = self._clock()
                         if due is not None and due <= now:
                             break
                         self._cond.wait(None if due is None else due - now)
@@ -138,7 +140,7 @@ class ThrottledUpdater:
                         self.error = exc
                         self._failures += 1
                         self._oldest = oldest  # still uncommitted, and older than anything since
-                        self._retry_at = time.monotonic() + self.interval
+                        self._retry_at = self._clock() + self.interval
                         self._cond.notify_all()
                     continue
                 with self._cond:

@@ -94,24 +94,24 @@ def copy_bandwidth(megabytes: int = 512, reps: int = 5) -> float:
     return 2 * source.nbytes / best / 1e9
 
 
-def call_time(op, x, weight, type_id, path, calls: int) -> float:
-    begun = time.perf_counter()
+def call_time(op, x, weight, type_id, path, calls: int, clock) -> float:
+    begun = clock()
     for _ in range(calls):
         op(x, [weight], [type_id], path)
-    return (time.perf_counter() - begun) / calls
+    return (clock() - begun) / calls
 
 
-def measure(ops: dict, name: str, n: int, k: int, rows, rounds: int, path: str) -> dict:
+def measure(ops: dict, name: str, n: int, k: int, rows, rounds: int, path: str, clock) -> dict:
     type_id = gq.TYPE_IDS[name]
     weight = torch.from_numpy(random_blocks(name, n, k))
     xs = {m: torch.randn(m, k, generator=torch.Generator().manual_seed(m)) for m in rows}
-    one = call_time(ops["new"], xs[1], weight, type_id, path, 3)  # warm up, and size the runs
+    one = call_time(ops["new"], xs[1], weight, type_id, path, 3, clock)  # warm up, and size the runs
     calls = max(3, int(0.15 / max(one, 1e-6)))
     times = {label: {m: [] for m in rows} for label in ops}
     for _ in range(rounds):
         for m in rows:
             for label, op in ops.items():  # interleaved: old, new, old, new
-                times[label][m].append(call_time(op, xs[m], weight, type_id, path, calls))
+                times[label][m].append(call_time(op, xs[m], weight, type_id, path, calls, clock))
     blocks = n * k // GGML_QUANT_SIZES[GGMLQuantizationType[name]][0]
     result = {"type": name, "shape": f"{n}x{k}", "weight_bytes": weight.numel()}
     for label in ops:
@@ -134,6 +134,12 @@ def main(argv=None) -> None:
     parser.add_argument("--baseline", help="git revision of gguf_quant.cpp to time beside this one")
     parser.add_argument("--path", default=None, help="code path (vnni, avx2, portable); the best by default")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the process's CPU time, with --threads 1 the cost on one core even on a busy machine",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.threads:
@@ -149,13 +155,17 @@ def main(argv=None) -> None:
     rows = [int(m) for m in args.rows.split(",")]
     if rows[0] != 1:
         rows = [1, *rows]
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     bandwidth = copy_bandwidth()
-    print(f"path {path}, {torch.get_num_threads()} threads, numpy copy {bandwidth:.1f} GB/s (read + write)")
+    print(
+        f"path {path}, {torch.get_num_threads()} threads, {args.clock} clock, "
+        f"numpy copy {bandwidth:.1f} GB/s (read + write)"
+    )
     results = []
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.lower().split("x"))
         for name in args.types.split(","):
-            result = measure(ops, name, n, k, rows, args.rounds, path)
+            result = measure(ops, name, n, k, rows, args.rounds, path, clock)
             results.append(result)
             for label in ops:
                 r = result[label]

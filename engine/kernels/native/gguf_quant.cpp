@@ -745,18 +745,18 @@ template <int64_t T>
 __attribute__((target(GGUF_AVX512))) inline __m512i super_step(const uint8_t* blk, int pp) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   if (T == Q6_K) {
-    const int half = pp / 2, upper = pp % 2;  // upper: the nibbles' high halves, values 64..127 of the half
-    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * half));
-    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * half + 32));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half));
-    const __m256i three = _mm256_set1_epi8(3);
-    const __m256i l0 = upper ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low) : _mm256_and_si256(ql0, low);
-    const __m256i l1 = upper ? _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low) : _mm256_and_si256(ql1, low);
-    const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, upper ? 4 : 0), three);
-    const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, upper ? 6 : 2), three);
-    const __m256i a = _mm256_or_si256(l0, _mm256_slli_epi16(h0, 4));
-    const __m256i b = _mm256_or_si256(l1, _mm256_slli_epi16(h1, 4));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    // values 64 pp + l (l < 32) and 64 pp + 32 + l: nibbles of ql[l] and ql[32 + l] of the half (low ones
+    // in even steps, high in odd), their two high bits at bits 2t, 2t + 1 of qh[l] for quarter t of the
+    // half; a shift of each 16-bit lane moves them to bits 4 and 5 (what crosses from the neighbouring
+    // byte lands outside them)
+    const int half = pp / 2, upper = pp % 2;
+    const __m512i ql = _mm512_loadu_si512(blk + 64 * half);
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half)));
+    const __m512i nibbles = _mm512_and_si512(upper ? _mm512_srli_epi16(ql, 4) : ql, _mm512_set1_epi8(0x0F));
+    const __m512i counts = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(upper ? 0 : 4)),
+                                              _mm256_set1_epi16(2), 1);
+    const __m512i top = upper ? _mm512_srlv_epi16(qh, counts) : _mm512_sllv_epi16(qh, counts);
+    return _mm512_or_si512(nibbles, _mm512_and_si512(top, _mm512_set1_epi8(0x30)));
   }
   constexpr bool five = T == Q5_K;
   const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (five ? 48 : 16) + 32 * pp));

@@ -45,10 +45,15 @@ def random_blocks(name: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-def quantized_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x's INT8 blocks of 32 (as the kernel rounds them) times the float weight, in float64."""
+def activation_block(name: str) -> int:
+    """The K-quants take activations in blocks of 256 (ggml's Q8_K), the others in blocks of 32."""
+    return 256 if name.endswith("_K") else 32
+
+
+def quantized_reference(x: torch.Tensor, weight: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x's INT8 blocks (as the kernel rounds them) times the float weight, in float64."""
     m, k = x.shape
-    blocks = x.reshape(m, k // 32, 32)
+    blocks = x.reshape(m, k // block, block)
     amax = blocks.abs().amax(-1, keepdim=True)
     inverse = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     q = torch.round(blocks * inverse).clamp(-127, 127)
@@ -80,27 +85,63 @@ def test_linear_matches_the_float_weights_and_each_row_is_its_one_row_result(nam
     layer.path = path
     x = torch.randn(9, layer.in_features, generator=torch.Generator().manual_seed(1))
     y = layer(x)
-    reference = quantized_reference(x, weight)
+    reference = quantized_reference(x, weight, activation_block(name))
     assert ((y.double() - reference).abs().max() / reference.abs().max()).item() < 1e-5
     # row-exact: the same bits whether a row comes alone or with others
     assert torch.equal(torch.cat([layer(x[i : i + 1]) for i in range(9)]), y)
 
 
-def test_the_check_catches_a_wrong_block():
-    """The comparison above is sharp enough to see one changed byte of one block."""
-    layer, weight = layer_for("Q4_K", 8, 512)
-    layer.blocks[3, 100] ^= 0x10  # one nibble of one row
+@pytest.mark.parametrize("path", runnable_paths())
+@pytest.mark.parametrize(
+    "name, byte, bit",
+    [
+        ("Q4_K", 100, 0x10),  # one nibble of one row
+        ("Q4_K", 5, 0x01),  # one sub-block's scale
+        ("Q4_K", 9, 0x01),  # one sub-block's min
+        ("Q5_K", 20, 0x04),  # one high bit
+        ("Q6_K", 150, 0x20),  # one 2-bit high part
+        ("Q6_K", 195, 0x01),  # one scale of 16 values
+    ],
+)
+def test_the_check_catches_a_wrong_block(name, byte, bit, path):
+    """The comparison above is sharp enough to see one changed bit of one block, on every path."""
+    layer, weight = layer_for(name, 8, 512)
+    layer.path = path
     x = torch.randn(2, 512, generator=torch.Generator().manual_seed(2))
-    error = (layer(x).double() - quantized_reference(x, weight)).abs().max() / weight.abs().max()
+    reference = quantized_reference(x, weight, activation_block(name))
+    assert ((layer(x).double() - reference).abs().max() / reference.abs().max()).item() < 1e-5
+    layer.blocks[3, byte] ^= bit
+    error = (layer(x).double() - reference).abs().max() / reference.abs().max()
     assert error.item() > 1e-5
 
 
 @pytest.mark.parametrize("path", runnable_paths())
-def test_parts_of_different_types_side_by_side_equal_each_part_alone(path):
-    """A fused q/k/v whose parts are Q4_K, Q4_K and Q6_K (as a Q4_K_M file stores them)."""
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
+def test_every_row_count_of_a_verify_gives_each_row_its_one_row_result(name, path):
+    """1..18 rows: every tile shape (one to eight activation rows beside one, two or four weight rows)
+    and the tiles of more than eight rows give each row the bits it gets alone."""
+    layer, weight = layer_for(name, 37, in_features(name), seed=5)  # 37: a tail of odd weight rows
+    layer.path = path
+    x = torch.randn(18, layer.in_features, generator=torch.Generator().manual_seed(6))
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(18)])
+    reference = quantized_reference(x, weight, activation_block(name))
+    assert ((alone.double() - reference).abs().max() / reference.abs().max()).item() < 1e-5
+    for m in range(2, 19):
+        assert torch.equal(layer(x[:m]), alone[:m]), m
+
+
+@pytest.mark.parametrize("path", runnable_paths())
+@pytest.mark.parametrize(
+    "names",
+    [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q5_K", "Q4_0")],
+    ids=["Q4_K_M", "blocks-of-32-and-256"],
+)
+def test_parts_of_different_types_side_by_side_equal_each_part_alone(path, names):
+    """A fused q/k/v whose parts are Q4_K, Q4_K and Q6_K (as a Q4_K_M file stores them), and one whose
+    parts take activations in blocks of 32 and of 256 in one call."""
     layers = [
         layer_for(name, rows, 512, seed)[0]
-        for seed, (name, rows) in enumerate([("Q4_K", 64), ("Q4_K", 16), ("Q6_K", 16)])
+        for seed, (name, rows) in enumerate(zip(names, (64, 16, 16), strict=True))
     ]
     for layer in layers:
         layer.path = path

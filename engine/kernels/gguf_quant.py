@@ -3,7 +3,8 @@
 The blocks stay as the file stores them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; memory-mapped
 by engine.models.gguf_native, never repacked or dequantized whole), and the C++ kernel
 (engine/kernels/native/gguf_quant.cpp, the torch ops `tandem_gguf::linear` and
-`tandem_gguf::dequantize_rows`) quantizes each call's activations to INT8 blocks of 32 and takes
+`tandem_gguf::dequantize_rows`) quantizes each call's activations to INT8 blocks of 32 (of 256 for the
+K-quants, whose sub-block scales then multiply integer dot products in integer arithmetic) and takes
 integer dot products. Each output row is computed alike whatever the number of rows in the call, so a
 verify forward's rows are bit for bit the one-token steps' (see the .cpp for the arithmetic).
 

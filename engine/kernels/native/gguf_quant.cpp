@@ -1,5 +1,6 @@
 // Linear layers on a GGUF file's own quantized blocks, for the CPU: the weights stay exactly as the file
-// stores them (memory-mapped, never repacked), activations are quantized per call to INT8 blocks of 32.
+// stores them (memory-mapped, never repacked), activations are quantized per call to INT8 blocks of 32,
+// or of 256 for the K-quants (as ggml's Q8_K).
 //
 // Formats (ggml's block layouts, as GGUF stores them; w is the weight a block holds):
 //   Q4_0  32 values, 18 bytes: fp16 d, 16 bytes of nibbles (value j low, j + 16 high)     w = d (q - 8)
@@ -15,23 +16,31 @@
 //   Q6_K 256 values, 210 bytes: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales for
 //        sub-blocks of 16, fp16 d                                          w = d sc_s (q - 32)
 //
-// Arithmetic. Every weight is an unsigned integer u (q, or q + 128 for Q8_0) in a sub-block with a
-// float scale s and, in the affine formats (Q4_1, Q5_1, Q4_K, Q5_K), a float offset o per block of 32;
-// the symmetric formats subtract a bias b (8, 16, 32 or 128) from u. An activation block of 32 is
+// Arithmetic of the 32-value formats. Every weight is an unsigned integer u (q, or q + 128 for Q8_0) in a sub-block with a
+// float scale s and, in the affine formats (Q4_1, Q5_1), a float offset o per block of 32; the
+// symmetric formats subtract a bias b (8, 16 or 128) from u. An activation block of 32 is
 // x ~ sx * xq, xq in -127..127. Then, per weight row and activation row,
 //   y = sum_blocks sx * (s * (dot(u, xq) - b * sum(xq)) + o * sum(xq))
 // The integer part is exact (an integer dot product started from -b * sum(xq) per group of four);
 // the float part is one fused multiply-add per group of four values, the offsets one dot product at
 // the end of the row.
 //
+// Arithmetic of the K-quants (Q4_K, Q5_K, Q6_K), as ggml's: an activation block of 256 is x ~ sx * xq
+// with one float sx. Per block of 256, the 6-bit (Q6_K: 8-bit) sub-block scales sc_s multiply the integer
+// sub-block dot products in integer arithmetic, and one float multiply-add takes the block:
+//   y = sum_blocks d * sx * (sum_s sc_s * (dot_s(u, xq) - b * sum_s(xq)))  -  sum_s dmin m_s * sx * sum_s(xq)
+// Q6_K's bias (b = 32) goes through the activations' sums of 16; the mins of Q4_K and Q5_K through their
+// scaled sums of 32, one dot product at the end of the row.
+//
 // Row-exact: each output y[i, n] is computed by the same operations in the same order whatever the
 // number of activation rows, so a verify forward's rows are bit for bit the one-token steps' and
 // speculative decoding's greedy output is the target's own. Every row count takes this path (a prompt
-// too): one weight block is unpacked once for up to four activation rows.
+// too): one weight block is unpacked once for up to four activation rows (up to eight for the
+// K-quants on AVX-512, and every row of a verify of up to eight from one read of the weights).
 //
 // Code paths, chosen by the caller from the CPU's features: AVX-512 VNNI (a pass takes four weight
-// rows and up to four activation rows, 64 values at a time), AVX2 (32 values at a time) and portable
-// C++. Each is checked against the float weights the blocks hold (gguf's own dequantization) in the
+// rows and up to four activation rows, 64 values at a time; dpbusd, or maddubs and dpwssd for the
+// K-quants), AVX2 (32 values at a time, maddubs) and portable C++. Each is checked against the float weights the blocks hold (gguf's own dequantization) in the
 // tests, on the machine that runs them.
 
 #include <torch/extension.h>
@@ -53,6 +62,7 @@ namespace {
 
 constexpr int64_t kBlock = 32;  // activation block, and the unit of every format's float scale
 constexpr int64_t kPair = 64;   // values one AVX-512 step takes
+constexpr int64_t kSuper = 256;  // a K-quant's block, and its activation block
 constexpr int64_t kTaskRows = 16;  // weight rows per parallel task, at the least
 
 enum Type : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
@@ -200,6 +210,12 @@ struct Activations {
   std::vector<int8_t> q_nibbles;        // [m, padded]
   std::vector<int32_t> quad_nibbles;    // [m, padded/4]
   std::vector<float> scaled_sum_pairs;  // [m, padded/64 * 4]: 0, scaled sum of a, 0, scaled sum of b
+  // The K-quants' own blocks of 256 (ggml's Q8_K): one scale per 256 values, the sums of each 16 values
+  // as integers and of each 32 as floats. Empty unless a K-quant is in the call.
+  std::vector<int8_t> super_q;           // [m, k]
+  std::vector<float> super_scale;        // [m, k/256]
+  std::vector<int16_t> sums16;           // [m, k/16]
+  std::vector<float> super_scaled_sum;   // [m, k/32]: super_scale * the sum of each 32 values
 };
 
 // q_nibbles, quad_nibbles and scaled_sum_pairs from the plain order.
@@ -244,19 +260,58 @@ void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, float* sca
   }
 }
 
-Activations quantize_activations(const float* x, int64_t m, int64_t k) {
+// One row's blocks of 256: amax/127 scales, values rounded to nearest even (the sum with 1.5 * 2^23
+// rounds as lrintf does under the default mode, and lets the compiler vectorize the loop).
+void quantize_super_row(const float* x, int64_t k, int8_t* q, float* scale, int16_t* sums16, float* scaled_sum) {
+  constexpr float kRound = 12582912.f;
+  for (int64_t b = 0; b < k / kSuper; ++b) {
+    const float* src = x + b * kSuper;
+    float amax = 0.f;
+    for (int j = 0; j < kSuper; ++j) amax = std::max(amax, std::fabs(src[j]));
+    const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+    int8_t* dst = q + b * kSuper;
+    for (int j = 0; j < kSuper; ++j) {
+      const float v = (src[j] * inverse + kRound) - kRound;
+      dst[j] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, v)));
+    }
+    scale[b] = amax / 127.f;
+    for (int h = 0; h < kSuper / 16; ++h) {
+      int sum = 0;
+      for (int j = 0; j < 16; ++j) sum += dst[16 * h + j];
+      sums16[b * 16 + h] = static_cast<int16_t>(sum);
+    }
+    for (int s = 0; s < 8; ++s)
+      scaled_sum[b * 8 + s] = scale[b] * static_cast<float>(sums16[b * 16 + 2 * s] + sums16[b * 16 + 2 * s + 1]);
+  }
+}
+
+// blocks32: the blocks of 32 (every format but the K-quants); super: the K-quants' blocks of 256.
+Activations quantize_activations(const float* x, int64_t m, int64_t k, bool blocks32, bool super) {
   Activations a;
   a.k = k;
   a.padded = (k + kPair - 1) / kPair * kPair;
   const int64_t blocks = a.padded / kBlock;
-  a.q.assign(m * a.padded, 0);
-  a.scale.assign(m * blocks, 0.f);
-  a.scaled_sum.assign(m * blocks, 0.f);
-  a.quad_sum.assign(m * a.padded / 4, 0);
+  if (blocks32) {
+    a.q.assign(m * a.padded, 0);
+    a.scale.assign(m * blocks, 0.f);
+    a.scaled_sum.assign(m * blocks, 0.f);
+    a.quad_sum.assign(m * a.padded / 4, 0);
+  }
+  if (super) {
+    a.super_q.assign(m * k, 0);
+    a.super_scale.assign(m * k / kSuper, 0.f);
+    a.sums16.assign(m * k / 16, 0);
+    a.super_scaled_sum.assign(m * k / kBlock, 0.f);
+  }
   at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      quantize_row(x + i * k, k, a.q.data() + i * a.padded, a.scale.data() + i * blocks,
-                   a.scaled_sum.data() + i * blocks, a.quad_sum.data() + i * a.padded / 4);
+    for (int64_t i = begin; i < end; ++i) {
+      if (blocks32)
+        quantize_row(x + i * k, k, a.q.data() + i * a.padded, a.scale.data() + i * blocks,
+                     a.scaled_sum.data() + i * blocks, a.quad_sum.data() + i * a.padded / 4);
+      if (super)
+        quantize_super_row(x + i * k, k, a.super_q.data() + i * k, a.super_scale.data() + i * k / kSuper,
+                           a.sums16.data() + i * k / 16, a.super_scaled_sum.data() + i * k / kBlock);
+    }
   });
   return a;
 }
@@ -287,6 +342,9 @@ int bias_of(int64_t type) {
 }
 
 bool affine(int64_t type) { return type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K; }
+
+// The K-quants, whose activations come in blocks of 256 (Activations::super_q).
+constexpr bool super_format(int64_t type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
 
 // The 32-value 4- and 5-bit formats, whose AVX-512 path reads activations in nibble order.
 constexpr bool nibble_format(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1; }
@@ -328,43 +386,6 @@ void rows_portable(const Part& part, const Activations& a, const std::vector<int
           sb[0] = sb[1] = half_to_float(blk);
           ob[0] = ob[1] = 0.f;
           break;
-        case Q4_K: case Q5_K: {
-          const float d = half_to_float(blk), dmin = half_to_float(blk + 2);
-          const bool five = part.type == Q5_K;
-          const uint8_t* high = blk + 16;
-          const uint8_t* qs = blk + (five ? 48 : 16);
-          for (int s = 0; s < 8; ++s) {
-            int sc, mn;
-            k_scale_min(blk + 4, s, sc, mn);
-            for (int l = 0; l < 32; ++l) {
-              const uint8_t byte = qs[(s / 2) * 32 + l];
-              ub[s * 32 + l] = (s % 2 ? byte >> 4 : byte & 0xF) | (five ? ((high[l] >> s) & 1) << 4 : 0);
-            }
-            sb[2 * s] = sb[2 * s + 1] = d * sc;
-            ob[2 * s] = ob[2 * s + 1] = -(dmin * mn);
-          }
-          break;
-        }
-        case Q6_K: {
-          const float d = half_to_float(blk + 208);
-          const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-          for (int half = 0; half < 2; ++half) {
-            const uint8_t* ql = blk + 64 * half;
-            const uint8_t* qh = blk + 128 + 32 * half;
-            for (int l = 0; l < 32; ++l) {
-              const int base = 128 * half + l;
-              ub[base] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
-              ub[base + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-              ub[base + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-              ub[base + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-            }
-          }
-          for (int s = 0; s < 16; ++s) {
-            sb[s] = d * sc[s];
-            ob[s] = 0.f;
-          }
-          break;
-        }
         default: TORCH_CHECK(false, "gguf: unsupported block type ", part.type);
       }
     }
@@ -382,6 +403,75 @@ void rows_portable(const Part& part, const Activations& a, const std::vector<int
       float offset = 0.f;
       if (part.affine)
         for (int64_t b = 0; b < k / kBlock; ++b) offset += offsets[2 * b] * a.scaled_sum[i * blocks + b];
+      y[i * y_stride + part.column + r] = acc + offset;
+    }
+  }
+}
+
+// The K-quants: per block of 256, sum_s sc_s * dot_s in integers (less 32 sc_s * sum_s for Q6_K's bias),
+// times the weight's d and the activations' scale; the mins, through the sums of 32, at the end.
+void rows_portable_k(const Part& part, const Activations& a, const std::vector<int32_t>&, int64_t m, int64_t r0,
+                     int64_t r1, float* y, int64_t y_stride) {
+  const int64_t k = a.k, supers = k / kSuper;
+  const Layout lay = layout_of(part.type);
+  std::vector<int> u(k), scales(k / 16);
+  std::vector<float> d(supers), offsets(k / kBlock);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = part.bytes + r * part.row_bytes;
+    for (int64_t b = 0; b < supers; ++b) {
+      const uint8_t* blk = row + b * lay.bytes;
+      int* ub = u.data() + b * kSuper;
+      int* sb = scales.data() + b * 16;  // the scale of each 16 values
+      if (part.type == Q6_K) {
+        d[b] = half_to_float(blk + 208);
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t* ql = blk + 64 * half;
+          const uint8_t* qh = blk + 128 + 32 * half;
+          for (int l = 0; l < 32; ++l) {
+            const int base = 128 * half + l;
+            ub[base] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+            ub[base + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            ub[base + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            ub[base + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+          }
+        }
+        for (int s = 0; s < 16; ++s) sb[s] = static_cast<int8_t>(blk[192 + s]);
+        continue;
+      }
+      d[b] = half_to_float(blk);
+      const float dmin = half_to_float(blk + 2);
+      const bool five = part.type == Q5_K;
+      const uint8_t* high = blk + 16;
+      const uint8_t* qs = blk + (five ? 48 : 16);
+      for (int s = 0; s < 8; ++s) {
+        int sc, mn;
+        k_scale_min(blk + 4, s, sc, mn);
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t byte = qs[(s / 2) * 32 + l];
+          ub[s * 32 + l] = (s % 2 ? byte >> 4 : byte & 0xF) | (five ? ((high[l] >> s) & 1) << 4 : 0);
+        }
+        sb[2 * s] = sb[2 * s + 1] = sc;
+        offsets[b * 8 + s] = -(dmin * mn);
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* xq = a.super_q.data() + i * k;
+      float acc = 0.f;
+      for (int64_t b = 0; b < supers; ++b) {
+        int32_t sumi = 0;
+        for (int64_t h = b * 16; h < b * 16 + 16; ++h) {
+          int32_t dot = 0, sum = 0;
+          for (int j = 0; j < 16; ++j) {
+            dot += u[h * 16 + j] * xq[h * 16 + j];
+            sum += xq[h * 16 + j];
+          }
+          sumi += scales[h] * (dot - part.bias * sum);
+        }
+        acc += d[b] * a.super_scale[i * supers + b] * static_cast<float>(sumi);
+      }
+      float offset = 0.f;
+      if (part.affine)
+        for (int64_t t = 0; t < k / kBlock; ++t) offset += offsets[t] * a.super_scaled_sum[i * k / kBlock + t];
       y[i * y_stride + part.column + r] = acc + offset;
     }
   }
@@ -468,73 +558,6 @@ __attribute__((target(GGUF_AVX512))) inline __m512i nibble_lanes(int b) {
   return _mm512_set_epi32(b, b, b, b, 0, 0, 0, 0, b, b, b, b, 0, 0, 0, 0);
 }
 
-// The per-row state of a 256-value format's block: its eight (or sixteen) sub-block scales.
-struct KScales {
-  alignas(64) float s[16];
-};
-
-template <int64_t T>
-__attribute__((target(GGUF_AVX512))) inline void k_header(const uint8_t* blk, KScales& h, float* offsets) {
-  if (T == Q6_K) {
-    const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 208));
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-    _mm512_store_ps(h.s, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc))));
-    return;
-  }
-  // the eight 6-bit scales and mins (k_scale_min) four at a time, as bytes of 32-bit words
-  uint32_t word[3];
-  std::memcpy(word, blk + 4, 12);
-  const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x30303030;
-  const uint32_t scales_lo = word[0] & low6, mins_lo = word[1] & low6;
-  const uint32_t scales_hi = (word[2] & low4) | ((word[0] >> 2) & top2);
-  const uint32_t mins_hi = ((word[2] >> 4) & low4) | ((word[1] >> 2) & top2);
-  const __m128i packed = _mm_set_epi32(static_cast<int>(mins_hi), static_cast<int>(mins_lo),
-                                       static_cast<int>(scales_hi), static_cast<int>(scales_lo));
-  const __m256 scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed));
-  const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)));
-  const __m256 d = _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk)));
-  const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2)));
-  _mm256_store_ps(h.s, _mm256_mul_ps(d, scales));
-  if (offsets) _mm256_storeu_ps(offsets, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, mins)));
-}
-
-// Step pp (0..3) of a 256-value block: values 64 pp .. 64 pp + 63.
-template <int64_t T>
-__attribute__((target(GGUF_AVX512))) inline Step512 k_step(const uint8_t* blk, const KScales& h, int pp) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  if (T == Q6_K) {
-    const int half = pp / 2, upper = pp % 2;  // upper: the nibbles' high halves, values 64..127 of the half
-    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * half));
-    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * half + 32));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half));
-    const __m256i three = _mm256_set1_epi8(3);
-    const __m256i l0 = upper ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low) : _mm256_and_si256(ql0, low);
-    const __m256i l1 = upper ? _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low) : _mm256_and_si256(ql1, low);
-    const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, upper ? 4 : 0), three);
-    const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, upper ? 6 : 2), three);
-    const __m256i a = _mm256_or_si256(l0, _mm256_slli_epi16(h0, 4));
-    const __m256i b = _mm256_or_si256(l1, _mm256_slli_epi16(h1, 4));
-    // sub-blocks of 16: lanes 4t..4t+3 take scale 4 pp + t
-    const __m512i index = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(index, _mm512_set1_epi32(4 * pp)), _mm512_load_ps(h.s));
-    return {_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1), s};
-  }
-  constexpr bool five = T == Q5_K;
-  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (five ? 48 : 16) + 32 * pp));
-  __m256i a = _mm256_and_si256(packed, low), b = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-  if (five) {
-    const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
-    const __m256i sixteen = _mm256_set1_epi8(16);
-    a = _mm256_or_si256(a, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(high, _mm256_set1_epi8(1 << (2 * pp))), sixteen));
-    b = _mm256_or_si256(b, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(high, _mm256_set1_epi8(2 << (2 * pp))), sixteen));
-  }
-  const __m512i lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(2 * pp)), _mm512_load_ps(h.s));
-  return {_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1), s};
-}
-
-template <int64_t T>
-constexpr int64_t values_of() { return T == Q4_K || T == Q5_K || T == Q6_K ? 256 : 32; }
 template <int64_t T>
 constexpr int64_t bytes_of() {
   return T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : T == Q8_0 ? 34 : T == Q4_K ? 144
@@ -568,7 +591,7 @@ template <int64_t T, int R, int C>
 __attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Activations& a,
                                                     const std::vector<int32_t>& start, int64_t r, int64_t i,
                                                     float* y, int64_t y_stride) {
-  constexpr int64_t V = values_of<T>(), B = bytes_of<T>();
+  constexpr int64_t B = bytes_of<T>();
   constexpr bool aff = affine_of<T>(), biased = bias_of_t<T>() != 0, nibbles = nibble_format(T);
   const int64_t k = a.k, steps = a.padded / kPair, blocks = a.padded / kBlock;
   // affine offsets: one per block (K-quants), or [d, m] of both blocks per step (nibble formats)
@@ -581,7 +604,6 @@ __attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Acti
     for (int c = 0; c < C; ++c) acc[j][c] = _mm512_setzero_ps();
   const uint8_t* rows[R];
   for (int j = 0; j < R; ++j) rows[j] = part.bytes + (r + j) * part.row_bytes;
-  KScales header[R];
   for (int64_t p = 0; p < steps; ++p) {
     __m512i x[C], s0[C];
     __m512 sx[C];
@@ -596,11 +618,7 @@ __attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Acti
     }
     for (int j = 0; j < R; ++j) {
       Step512 w;
-      if constexpr (V == 256) {
-        const int64_t blk = p / 4;
-        if (p % 4 == 0) k_header<T>(rows[j] + blk * B, header[j], aff ? offsets + j * blocks + blk * 8 : nullptr);
-        w = k_step<T>(rows[j] + blk * B, header[j], static_cast<int>(p % 4));
-      } else if constexpr (nibbles) {
+      if constexpr (nibbles) {
         const uint8_t* first = rows[j] + 2 * p * B;
         const uint8_t* second = 2 * p + 1 < k / kBlock ? first + B : kZeroBlock;
         __m128 dm;
@@ -666,6 +684,197 @@ __attribute__((target(GGUF_AVX512))) void rows_vnni(const Part& part, const Acti
   for (; r < r1; ++r) rows_group_vnni<T, 1>(part, a, start, m, r, y, y_stride);
 }
 
+// ---- AVX-512 VNNI, the K-quants: a block of 256 in four steps of 64 values ---------------------------
+// maddubs multiplies a step's 64 unsigned weights by its 64 activation bytes into 32 sums of pairs (int16,
+// at most 2 * 63 * 127), dpwssd multiplies each by its sub-block's scale (int16) and adds them into 16
+// int32 lanes. Per block of 256 and activation row the lanes are converted once and multiplied by d * the
+// activations' scale: one fused multiply-add. Q6_K's bias starts the lanes at -32 * sum_h sc_h sums16_h
+// (one more dpwssd); the mins of Q4_K / Q5_K, -dmin * m_s, meet the activations' scaled sums of 32 at the
+// end of the row. A block's weights are unpacked once for every activation row of the tile.
+
+struct SuperHead {
+  __m512i scales;  // int16: Q4_K / Q5_K its eight scales in words 0..7, Q6_K its sixteen in words 0..15
+  __m256i bias;    // Q6_K: -32 * its sixteen scales, int16
+  float d;
+};
+
+struct WordIndex {
+  alignas(64) int16_t w[32];
+};
+
+// The sub-block whose scale word w of step pp takes: values 2w, 2w + 1 of the step.
+constexpr WordIndex word_index(bool q6, int pp) {
+  WordIndex index{};
+  for (int w = 0; w < 32; ++w) index.w[w] = static_cast<int16_t>(q6 ? 4 * pp + w / 8 : 2 * pp + w / 16);
+  return index;
+}
+constexpr WordIndex kScaleIndex[2][4] = {
+    {word_index(false, 0), word_index(false, 1), word_index(false, 2), word_index(false, 3)},
+    {word_index(true, 0), word_index(true, 1), word_index(true, 2), word_index(true, 3)}};
+
+template <int64_t T>
+__attribute__((target(GGUF_AVX512))) inline SuperHead super_head(const uint8_t* blk, float* offsets) {
+  SuperHead h;
+  if (T == Q6_K) {
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+    h.scales = _mm512_zextsi256_si512(sc);
+    h.bias = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc, 5));
+    h.d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 208));
+    return h;
+  }
+  // the eight 6-bit scales and mins (k_scale_min) four at a time, as bytes of 32-bit words
+  uint32_t word[3];
+  std::memcpy(word, blk + 4, 12);
+  const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x30303030;
+  const uint32_t scales_lo = word[0] & low6, mins_lo = word[1] & low6;
+  const uint32_t scales_hi = (word[2] & low4) | ((word[0] >> 2) & top2);
+  const uint32_t mins_hi = ((word[2] >> 4) & low4) | ((word[1] >> 2) & top2);
+  const __m128i packed = _mm_set_epi32(static_cast<int>(mins_hi), static_cast<int>(mins_lo),
+                                       static_cast<int>(scales_hi), static_cast<int>(scales_lo));
+  h.scales = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(packed));
+  h.bias = _mm256_setzero_si256();
+  h.d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
+  const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)));
+  const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2)));
+  _mm256_storeu_ps(offsets, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, mins)));
+  return h;
+}
+
+// Step pp (0..3) of a block of 256: the unsigned weights of values 64 pp .. 64 pp + 63.
+template <int64_t T>
+__attribute__((target(GGUF_AVX512))) inline __m512i super_step(const uint8_t* blk, int pp) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  if (T == Q6_K) {
+    // values 64 pp + l (l < 32) and 64 pp + 32 + l: nibbles of ql[l] and ql[32 + l] of the half (low ones
+    // in even steps, high in odd), their two high bits at bits 2t, 2t + 1 of qh[l] for quarter t of the
+    // half; a shift of each 16-bit lane moves them to bits 4 and 5 (what crosses from the neighbouring
+    // byte lands outside them)
+    const int half = pp / 2, upper = pp % 2;
+    const __m512i ql = _mm512_loadu_si512(blk + 64 * half);
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half)));
+    const __m512i nibbles = _mm512_and_si512(upper ? _mm512_srli_epi16(ql, 4) : ql, _mm512_set1_epi8(0x0F));
+    const __m512i counts = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(upper ? 0 : 4)),
+                                              _mm256_set1_epi16(2), 1);
+    const __m512i top = upper ? _mm512_srlv_epi16(qh, counts) : _mm512_sllv_epi16(qh, counts);
+    return _mm512_or_si512(nibbles, _mm512_and_si512(top, _mm512_set1_epi8(0x30)));
+  }
+  constexpr bool five = T == Q5_K;
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (five ? 48 : 16) + 32 * pp));
+  __m256i a = _mm256_and_si256(packed, low), b = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+  if (five) {
+    const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    a = _mm256_or_si256(a, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(high, _mm256_set1_epi8(1 << (2 * pp))), sixteen));
+    b = _mm256_or_si256(b, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(high, _mm256_set1_epi8(2 << (2 * pp))), sixteen));
+  }
+  return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+// Weight rows [r, r + R) against activation rows [i, i + C).
+template <int64_t T, int R, int C>
+__attribute__((target(GGUF_AVX512))) void super_tile_vnni(const Part& part, const Activations& a, int64_t r,
+                                                          int64_t i, float* y, int64_t y_stride) {
+  constexpr int64_t B = bytes_of<T>();
+  constexpr bool aff = T != Q6_K;
+  const int64_t k = a.k, supers = k / kSuper, groups = k / kBlock;
+  float* offsets = aff ? offset_scratch(R * groups).data() : nullptr;
+  const int8_t* xq = a.super_q.data() + i * k;
+  const float* xs = a.super_scale.data() + i * supers;
+  const uint8_t* rows[R];
+  for (int j = 0; j < R; ++j) rows[j] = part.bytes + (r + j) * part.row_bytes;
+  __m512 acc[R][C];
+  for (int j = 0; j < R; ++j)
+    for (int c = 0; c < C; ++c) acc[j][c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < supers; ++b) {
+    SuperHead h[R];
+    for (int j = 0; j < R; ++j) h[j] = super_head<T>(rows[j] + b * B, aff ? offsets + j * groups + 8 * b : nullptr);
+    __m512i sum[R][C];
+    for (int j = 0; j < R; ++j)
+      for (int c = 0; c < C; ++c) {
+        if (T == Q6_K) {
+          const __m256i sums16 =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums16.data() + (i + c) * (k / 16) + 16 * b));
+          sum[j][c] = _mm512_zextsi256_si512(_mm256_dpwssd_epi32(_mm256_setzero_si256(), sums16, h[j].bias));
+        } else {
+          sum[j][c] = _mm512_setzero_si512();
+        }
+      }
+    for (int pp = 0; pp < 4; ++pp) {
+      __m512i x[C];
+      for (int c = 0; c < C; ++c) x[c] = _mm512_loadu_si512(xq + c * k + b * kSuper + 64 * pp);
+      const __m512i index = _mm512_load_si512(kScaleIndex[T == Q6_K][pp].w);
+      for (int j = 0; j < R; ++j) {
+        const __m512i u = super_step<T>(rows[j] + b * B, pp);
+        const __m512i scale = _mm512_permutexvar_epi16(index, h[j].scales);
+        for (int c = 0; c < C; ++c) sum[j][c] = _mm512_dpwssd_epi32(sum[j][c], _mm512_maddubs_epi16(u, x[c]), scale);
+      }
+    }
+    for (int j = 0; j < R; ++j)
+      for (int c = 0; c < C; ++c)
+        acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j][c]), _mm512_set1_ps(h[j].d * xs[c * supers + b]), acc[j][c]);
+  }
+  for (int j = 0; j < R; ++j)
+    for (int c = 0; c < C; ++c) {
+      float value = _mm512_reduce_add_ps(acc[j][c]);
+      if (aff) value += dot_floats512(offsets + j * groups, a.super_scaled_sum.data() + (i + c) * groups, groups);
+      y[(i + c) * y_stride + part.column + r + j] = value;
+    }
+}
+
+// Weight rows [r0, r1) against activation rows [i, i + C), R at a time.
+template <int64_t T, int R, int C>
+__attribute__((target(GGUF_AVX512))) void super_rows_vnni(const Part& part, const Activations& a, int64_t r0,
+                                                          int64_t r1, int64_t i, float* y, int64_t y_stride) {
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) {
+    if (r + R + kVnniAhead <= r1) {
+      const char* ahead = reinterpret_cast<const char*>(part.bytes + (r + kVnniAhead) * part.row_bytes);
+      for (int64_t b = 0; b < R * part.row_bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T1);
+    }
+    super_tile_vnni<T, R, C>(part, a, r, i, y, y_stride);
+  }
+  for (; r < r1; ++r) super_tile_vnni<T, 1, C>(part, a, r, i, y, y_stride);
+}
+
+template <int64_t T, int R>
+__attribute__((target(GGUF_AVX512))) void super_chunk_vnni(const Part& part, const Activations& a, int64_t c,
+                                                           int64_t r0, int64_t r1, int64_t i, float* y,
+                                                           int64_t y_stride) {
+  switch (c) {
+    case 1: return super_rows_vnni<T, R, 1>(part, a, r0, r1, i, y, y_stride);
+    case 2: return super_rows_vnni<T, R, 2>(part, a, r0, r1, i, y, y_stride);
+    case 3: return super_rows_vnni<T, R < 2 ? R : 2, 3>(part, a, r0, r1, i, y, y_stride);
+    case 4: return super_rows_vnni<T, R < 2 ? R : 2, 4>(part, a, r0, r1, i, y, y_stride);
+    case 5: return super_rows_vnni<T, 1, 5>(part, a, r0, r1, i, y, y_stride);
+    case 6: return super_rows_vnni<T, 1, 6>(part, a, r0, r1, i, y, y_stride);
+    case 7: return super_rows_vnni<T, 1, 7>(part, a, r0, r1, i, y, y_stride);
+    default: return super_rows_vnni<T, 1, 8>(part, a, r0, r1, i, y, y_stride);
+  }
+}
+
+constexpr int64_t kSuperTile = 8;  // activation rows one unpacked weight block serves at once, at most
+
+// Up to 8 activation rows take one tile (four weight rows at a time for one or two activation rows, two
+// for three or four, one for more); more rows take tiles of at most 8 over each weight row in turn, so
+// that every weight block is read from memory once per call.
+template <int64_t T>
+__attribute__((target(GGUF_AVX512))) void rows_super_vnni(const Part& part, const Activations& a,
+                                                          const std::vector<int32_t>&, int64_t m, int64_t r0,
+                                                          int64_t r1, float* y, int64_t y_stride) {
+  if (m <= kSuperTile) return super_chunk_vnni<T, 4>(part, a, m, r0, r1, 0, y, y_stride);
+  const int64_t chunks = (m + kSuperTile - 1) / kSuperTile;
+  for (int64_t r = r0; r < r1; ++r) {
+    if (r + kVnniAhead < r1)
+      for (int64_t b = 0; b < part.row_bytes; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(part.bytes + (r + kVnniAhead) * part.row_bytes) + b, _MM_HINT_T1);
+    for (int64_t t = 0, i = 0; t < chunks; ++t) {
+      const int64_t c = (m - i) / (chunks - t);
+      super_chunk_vnni<T, 1>(part, a, c, r, r + 1, i, y, y_stride);
+      i += c;
+    }
+  }
+}
+
 // ---- AVX2: 32 values (one block) per step ------------------------------------------------------------
 // maddubs multiplies unsigned by signed bytes into 16-bit pair sums: values up to 63 cannot saturate
 // (2 * 63 * 127 < 32767). Q8_0's signed weights take |w| * sign(x, w) instead of a bias of 128.
@@ -697,50 +906,6 @@ __attribute__((target(GGUF_AVX2))) inline __m256i block32_avx2(const uint8_t* bl
   return u;
 }
 
-template <int64_t T>
-__attribute__((target(GGUF_AVX2))) inline void k_header_avx2(const uint8_t* blk, KScales& h, float* offsets) {
-  if (T == Q6_K) {
-    const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 208));
-    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-    for (int s = 0; s < 16; ++s) h.s[s] = d * static_cast<float>(sc[s]);
-    return;
-  }
-  const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
-  const float dmin = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2));
-  for (int s = 0; s < 8; ++s) {
-    int sc, mn;
-    k_scale_min(blk + 4, s, sc, mn);
-    h.s[s] = d * sc;
-    if (offsets) offsets[s] = -(dmin * mn);
-  }
-}
-
-// Sub-block sb (0..7) of a 256-value block: values 32 sb .. 32 sb + 31.
-template <int64_t T>
-__attribute__((target(GGUF_AVX2))) inline Step256 k_step_avx2(const uint8_t* blk, const KScales& h, int sb) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  if (T == Q6_K) {
-    const int half = sb / 4, within = sb % 4;  // within: which 32 of the half's 128 values
-    const uint8_t* ql = blk + 64 * half + (within % 2) * 32;
-    const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half));
-    const __m256i nib = within >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l, 4), low) : _mm256_and_si256(l, low);
-    const __m256i top = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * within)), _mm256_set1_epi8(3));
-    const __m256i u = _mm256_or_si256(nib, _mm256_slli_epi16(top, 4));
-    const float a = h.s[2 * sb], b = h.s[2 * sb + 1];
-    return {u, _mm256_blend_ps(_mm256_set1_ps(a), _mm256_set1_ps(b), 0xF0)};
-  }
-  constexpr bool five = T == Q5_K;
-  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (five ? 48 : 16) + 32 * (sb / 2)));
-  __m256i u = sb % 2 ? _mm256_and_si256(_mm256_srli_epi16(packed, 4), low) : _mm256_and_si256(packed, low);
-  if (five) {
-    const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
-    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << sb));
-    u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, bit), bit), _mm256_set1_epi8(16)));
-  }
-  return {u, _mm256_set1_ps(h.s[sb])};
-}
-
 __attribute__((target(GGUF_AVX2))) inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -761,7 +926,7 @@ template <int64_t T, int R, int C>
 __attribute__((target(GGUF_AVX2))) void tile_avx2(const Part& part, const Activations& a,
                                                   const std::vector<int32_t>& start, int64_t r, int64_t i, float* y,
                                                   int64_t y_stride) {
-  constexpr int64_t V = values_of<T>(), B = bytes_of<T>();
+  constexpr int64_t B = bytes_of<T>();
   constexpr bool aff = affine_of<T>(), biased = bias_of_t<T>() != 0 && T != Q8_0;
   const int64_t k = a.k, blocks = k / kBlock, padded_blocks = a.padded / kBlock;
   float* offsets = aff ? offset_scratch(R * padded_blocks).data() : nullptr;
@@ -769,21 +934,14 @@ __attribute__((target(GGUF_AVX2))) void tile_avx2(const Part& part, const Activa
   __m256 acc[R][C];
   for (int j = 0; j < R; ++j)
     for (int c = 0; c < C; ++c) acc[j][c] = _mm256_setzero_ps();
-  KScales header[R];
   for (int64_t b = 0; b < blocks; ++b) {
     for (int j = 0; j < R; ++j) {
       const uint8_t* row = part.bytes + (r + j) * part.row_bytes;
       Step256 w;
-      if constexpr (V == 256) {
-        const int64_t blk = b / 8;
-        if (b % 8 == 0) k_header_avx2<T>(row + blk * B, header[j], aff ? offsets + j * padded_blocks + blk * 8 : nullptr);
-        w = k_step_avx2<T>(row + blk * B, header[j], static_cast<int>(b % 8));
-      } else {
-        float d = 0.f, m = 0.f;
-        w.u = block32_avx2<T>(row + b * B, d, m);
-        w.s = _mm256_set1_ps(d);
-        if (aff) offsets[j * padded_blocks + b] = m;
-      }
+      float d = 0.f, m = 0.f;
+      w.u = block32_avx2<T>(row + b * B, d, m);
+      w.s = _mm256_set1_ps(d);
+      if (aff) offsets[j * padded_blocks + b] = m;
       const __m256i magnitude = T == Q8_0 ? _mm256_sign_epi8(w.u, w.u) : w.u;
       for (int c = 0; c < C; ++c) {
         const int64_t row_i = i + c;
@@ -824,6 +982,136 @@ __attribute__((target(GGUF_AVX2))) void rows_avx2(const Part& part, const Activa
   }
 }
 
+// ---- AVX2, the K-quants: a block of 256 in eight steps of 32 values ----------------------------------
+// As on AVX-512, with madd_epi16 in place of dpwssd: maddubs, then the sub-block's scale on each pair sum.
+
+struct SuperHead256 {
+  alignas(32) int16_t scales[16];  // Q4_K / Q5_K: its eight scales; Q6_K: its sixteen
+  __m256i bias;                    // Q6_K: -32 * its sixteen scales, int16
+  float d;
+};
+
+template <int64_t T>
+__attribute__((target(GGUF_AVX2))) inline void super_head_avx2(const uint8_t* blk, SuperHead256& h, float* offsets) {
+  if (T == Q6_K) {
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(h.scales), sc);
+    h.bias = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc, 5));
+    h.d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 208));
+    return;
+  }
+  h.d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
+  const float dmin = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2));
+  for (int s = 0; s < 8; ++s) {
+    int sc, mn;
+    k_scale_min(blk + 4, s, sc, mn);
+    h.scales[s] = static_cast<int16_t>(sc);
+    offsets[s] = -(dmin * mn);
+  }
+}
+
+// Step sb (0..7) of a block of 256: the unsigned weights of values 32 sb .. 32 sb + 31, and the scale of
+// each of their 16 pair sums.
+template <int64_t T>
+__attribute__((target(GGUF_AVX2))) inline __m256i super_step_avx2(const uint8_t* blk, const SuperHead256& h, int sb,
+                                                                  __m256i& scale) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  if (T == Q6_K) {
+    const int half = sb / 4, within = sb % 4;  // within: which 32 of the half's 128 values
+    const uint8_t* ql = blk + 64 * half + (within % 2) * 32;
+    const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half));
+    const __m256i nib = within >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l, 4), low) : _mm256_and_si256(l, low);
+    const __m256i top = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * within)), _mm256_set1_epi8(3));
+    scale = _mm256_set_m128i(_mm_set1_epi16(h.scales[2 * sb + 1]), _mm_set1_epi16(h.scales[2 * sb]));
+    return _mm256_or_si256(nib, _mm256_slli_epi16(top, 4));
+  }
+  constexpr bool five = T == Q5_K;
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (five ? 48 : 16) + 32 * (sb / 2)));
+  __m256i u = sb % 2 ? _mm256_and_si256(_mm256_srli_epi16(packed, 4), low) : _mm256_and_si256(packed, low);
+  if (five) {
+    const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << sb));
+    u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, bit), bit), _mm256_set1_epi8(16)));
+  }
+  scale = _mm256_set1_epi16(h.scales[sb]);
+  return u;
+}
+
+template <int64_t T, int R, int C>
+__attribute__((target(GGUF_AVX2))) void super_tile_avx2(const Part& part, const Activations& a, int64_t r, int64_t i,
+                                                        float* y, int64_t y_stride) {
+  constexpr int64_t B = bytes_of<T>();
+  constexpr bool aff = T != Q6_K;
+  const int64_t k = a.k, supers = k / kSuper, groups = k / kBlock;
+  float* offsets = aff ? offset_scratch(R * groups).data() : nullptr;
+  const int8_t* xq = a.super_q.data() + i * k;
+  const float* xs = a.super_scale.data() + i * supers;
+  __m256 acc[R][C];
+  for (int j = 0; j < R; ++j)
+    for (int c = 0; c < C; ++c) acc[j][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < supers; ++b) {
+    SuperHead256 h[R];
+    for (int j = 0; j < R; ++j)
+      super_head_avx2<T>(part.bytes + (r + j) * part.row_bytes + b * B, h[j], aff ? offsets + j * groups + 8 * b : nullptr);
+    __m256i sum[R][C];
+    for (int j = 0; j < R; ++j)
+      for (int c = 0; c < C; ++c)
+        sum[j][c] = T == Q6_K ? _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                                      a.sums16.data() + (i + c) * (k / 16) + 16 * b)),
+                                                  h[j].bias)
+                              : _mm256_setzero_si256();
+    for (int sb = 0; sb < 8; ++sb)
+      for (int j = 0; j < R; ++j) {
+        __m256i scale;
+        const __m256i u = super_step_avx2<T>(part.bytes + (r + j) * part.row_bytes + b * B, h[j], sb, scale);
+        for (int c = 0; c < C; ++c) {
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + c * k + b * kSuper + 32 * sb));
+          sum[j][c] = _mm256_add_epi32(sum[j][c], _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), scale));
+        }
+      }
+    for (int j = 0; j < R; ++j)
+      for (int c = 0; c < C; ++c)
+        acc[j][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[j][c]), _mm256_set1_ps(h[j].d * xs[c * supers + b]), acc[j][c]);
+  }
+  for (int j = 0; j < R; ++j)
+    for (int c = 0; c < C; ++c) {
+      float value = hsum8(acc[j][c]);
+      if (aff) value += dot_floats256(offsets + j * groups, a.super_scaled_sum.data() + (i + c) * groups, groups);
+      y[(i + c) * y_stride + part.column + r + j] = value;
+    }
+}
+
+// Two weight rows at a time for one or two activation rows, one for three or four; more activation rows
+// take tiles of at most four over each weight row in turn.
+template <int64_t T>
+__attribute__((target(GGUF_AVX2))) void rows_super_avx2(const Part& part, const Activations& a,
+                                                        const std::vector<int32_t>&, int64_t m, int64_t r0, int64_t r1,
+                                                        float* y, int64_t y_stride) {
+  if (m <= 2) {
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) {
+      if (m == 1) super_tile_avx2<T, 2, 1>(part, a, r, 0, y, y_stride);
+      else super_tile_avx2<T, 2, 2>(part, a, r, 0, y, y_stride);
+    }
+    for (; r < r1; ++r) {
+      if (m == 1) super_tile_avx2<T, 1, 1>(part, a, r, 0, y, y_stride);
+      else super_tile_avx2<T, 1, 2>(part, a, r, 0, y, y_stride);
+    }
+    return;
+  }
+  const int64_t chunks = (m + 3) / 4;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t t = 0, i = 0; t < chunks; ++t) {
+      const int64_t c = (m - i) / (chunks - t);
+      if (c == 1) super_tile_avx2<T, 1, 1>(part, a, r, i, y, y_stride);
+      else if (c == 2) super_tile_avx2<T, 1, 2>(part, a, r, i, y, y_stride);
+      else if (c == 3) super_tile_avx2<T, 1, 3>(part, a, r, i, y, y_stride);
+      else super_tile_avx2<T, 1, 4>(part, a, r, i, y, y_stride);
+      i += c;
+    }
+}
+
 #endif
 
 using Rows = void (*)(const Part&, const Activations&, const std::vector<int32_t>&, int64_t, int64_t, int64_t, float*,
@@ -846,11 +1134,19 @@ Rows by_type(int64_t type) {
 }
 template <int64_t T>
 struct VnniRows {
-  static constexpr Rows rows = rows_vnni<T>;
+  static constexpr Rows pick() {
+    if constexpr (super_format(T)) return rows_super_vnni<T>;
+    else return rows_vnni<T>;
+  }
+  static constexpr Rows rows = pick();
 };
 template <int64_t T>
 struct Avx2Rows {
-  static constexpr Rows rows = rows_avx2<T>;
+  static constexpr Rows pick() {
+    if constexpr (super_format(T)) return rows_super_avx2<T>;
+    else return rows_avx2<T>;
+  }
+  static constexpr Rows rows = pick();
 };
 #endif
 
@@ -860,7 +1156,7 @@ Rows pick(const std::string& path, int64_t type) {
   if (path == "vnni") return by_type<VnniRows>(type);
   if (path == "avx2") return by_type<Avx2Rows>(type);
 #endif
-  if (path == "portable") return rows_portable;
+  if (path == "portable") return super_format(type) ? rows_portable_k : rows_portable;
   TORCH_CHECK(false, "gguf: no code path '", path, "' in this build");
 }
 
@@ -890,7 +1186,9 @@ torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::In
   torch::Tensor y = torch::empty({m, columns}, x.options());
   if (m == 0 || columns == 0) return y;
   const torch::Tensor xc = x.contiguous();
-  Activations a = quantize_activations(xc.data_ptr<float>(), m, k);
+  const auto is_super = [](const Part& p) { return super_format(p.type); };
+  Activations a = quantize_activations(xc.data_ptr<float>(), m, k, !std::all_of(parts.begin(), parts.end(), is_super),
+                                       std::any_of(parts.begin(), parts.end(), is_super));
   const bool vnni = path == "vnni";
   if (vnni && std::any_of(parts.begin(), parts.end(), [](const Part& p) { return nibble_format(p.type); }))
     add_nibble_order(a, m);
@@ -898,7 +1196,7 @@ torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::In
   std::vector<Rows> kernels;
   for (size_t p = 0; p < parts.size(); ++p) {
     kernels.push_back(pick(path, parts[p].type));
-    if (parts[p].bias && path != "portable" && !(path == "avx2" && parts[p].type == Q8_0))
+    if (parts[p].bias && !super_format(parts[p].type) && path != "portable" && !(path == "avx2" && parts[p].type == Q8_0))
       starts[p] = bias_start(vnni && nibble_format(parts[p].type) ? a.quad_nibbles : a.quad_sum, parts[p].bias);
   }
   float* out = y.data_ptr<float>();

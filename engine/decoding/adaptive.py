@@ -13,7 +13,7 @@ stops by its own confidence is priced at no more than its rounds really gave.
 
 from __future__ import annotations
 
-from engine.decoding.acceptance import AcceptanceModel
+from engine.decoding.acceptance import PRIOR_WEIGHT, AcceptanceModel
 from engine.decoding.confidence import ConfidenceCalibration, StopRule
 from engine.decoding.drafters.base import Drafter, Lookahead, StopsByConfidence, capability
 from engine.decoding.pricing import MAX_TREE_SIZE, Pricer
@@ -203,6 +203,14 @@ class KController:
         self._side_won = self._side_chances = 0.0  # decayed: side nodes kept, and rounds that had the chance
         self._kept_all_streak = 0  # rounds in a row that kept every token they drafted
         self.caps_by_yield = False  # price capped by its rounds' real yield (for_drafter: confidence stops)
+        # seconds a plain step and a drafted round spend outside verify and draft (set by the planner)
+        self.plain_overhead_s = self.round_overhead_s = 0.0
+        # A sampled reply keeps a draft token by rejection sampling, which keeps fewer than a greedy
+        # match (a lookup's token is kept with the target's probability of it, not whenever it is the
+        # likeliest): greedy and sampled replies each have their own acceptance, confidence
+        # calibration and yield, and a sampled reply is priced from sampled rounds only.
+        self.sampled = False
+        self._other_mode: tuple[AcceptanceModel, ConfidenceCalibration, YieldTracker] | None = None
 
     @classmethod
     def for_drafter(
@@ -229,7 +237,25 @@ class KController:
             self.optimism,
             self.yields.rate() if self.caps_by_yield else None,
             self.side_acceptance,
+            self.plain_overhead_s,
+            self.round_overhead_s,
         )
+
+    def set_mode(self, sampled: bool) -> None:
+        """Prices the next rounds from what greedy (False) or sampled (True) replies measured: the
+        other mode's figures are put aside until a reply of that mode. A mode never seen starts from
+        the drafter's prior, held as loosely as an uninformed one (a prior is a greedy check)."""
+        if sampled == self.sampled:
+            return
+        current = (self.acceptance, self.calibration, self.yields)
+        if self._other_mode is None:
+            model = self.acceptance
+            fresh = AcceptanceModel(
+                model.positions, model.prior, PRIOR_WEIGHT, model.decay, model.prior_after_accept
+            )
+            self._other_mode = (fresh, ConfidenceCalibration(), YieldTracker())
+        self.acceptance, self.calibration, self.yields = self._other_mode
+        self._other_mode, self.sampled = current, sampled
 
     def choose(self, limit: int, hint: Lookahead | None = None) -> int:
         """K for the next round, at most `limit` (tokens left); 0 means a plain step."""

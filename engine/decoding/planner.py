@@ -4,6 +4,7 @@ each one), or none (plain decoding)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
@@ -18,6 +19,7 @@ from engine.decoding.drafters.base import (
     StopsByConfidence,
     capability,
 )
+from engine.decoding.pace import PaceLedger
 from engine.decoding.verify_cost import VerifyCostCurve
 from engine.settings import SpeculationSettings
 
@@ -61,33 +63,88 @@ class DraftPlanner:
 
     Members never measured are probed first; a member that is not chosen is probed on its own
     controller's schedule (ProbeSchedule.due), so each one can recover.
+
+    Every round is timed whole, from its plan to the next one's (`pace`, a PaceLedger): what a round
+    spends outside its draft and verify is added to its price, on both sides of the comparison, and a
+    drafter whose rounds in this reply gave fewer tokens per second than plain steps did (beyond
+    chance: PaceLedger.losing) is benched: it sits out REPROBE_AFTER rounds, then its rounds are
+    judged afresh (twice as long on the bench each time it loses again in the reply).
     """
 
+    REPROBE_AFTER, MAX_BENCH = 8, 256
+
     def __init__(
-        self, members: list[tuple[Drafter, KController]], curve: VerifyCostCurve, name: str | None = None
+        self,
+        members: list[tuple[Drafter, KController]],
+        curve: VerifyCostCurve,
+        name: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
-        self.members, self.curve = members, curve
+        self.members, self.curve, self.clock = members, curve, clock
         # what the stats call this choice: the one drafter's name, "auto" for several, "none" for none
         default = members[0][0].name if len(members) == 1 else "auto" if members else "none"
         self.name = name or default
         self.plain = False
+        self.pace = PaceLedger()
+        self._round = 0  # rounds planned in this reply
+        self._bench: dict[int, tuple[int, int]] = {}  # member -> (round it may draft again, its bench)
 
     @property
     def drafters(self) -> list[Drafter]:
         return [drafter for drafter, _ in self.members]
 
     def plan(self, context: list[int], limit: int) -> Plan:
+        self.pace.stamp(self.clock())
+        self._round += 1
+        overheads = self.pace.overhead(drafted=False), self.pace.overhead(drafted=True)
+        for _, controller in self.members:
+            controller.plain_overhead_s, controller.round_overhead_s = overheads
+        if self.members and self._control_due():
+            for _, controller in self.members:  # every member sat this round out
+                controller.schedule.sit_out()
+            return Plan.plain_step()
         if len(self.members) == 1:
             drafter, controller = self.members[0]
             hint = peek(drafter, context) if limit > 0 else Lookahead(available=0)
             k = controller.choose(limit, hint)
             self.plain = controller.plain
+            if k > 0 and self._benched(0):
+                self.plain = True
+                return Plan.plain_step()
             return self._plan(self.members[0], k, hint.condition, limit)
         return self._plan_among(context, limit)
 
-    def start_reply(self) -> None:
+    def start_reply(self, sampled: bool = False) -> None:
+        """A new reply; `sampled`: it samples (T > 0), so its drafts are kept by rejection sampling and
+        each drafter is priced from the acceptance measured in sampled replies (KController.set_mode)."""
+        self.pace.start_reply()
+        self._round, self._bench = 0, {}
         for _, controller in self.members:
+            controller.set_mode(sampled)
             controller.start_reply()
+
+    def _control_due(self) -> bool:
+        """A plain step among adaptive drafted rounds keeps the comparison's plain side fresh."""
+        adaptive = any(controller.speculation.adaptive for _, controller in self.members)
+        return adaptive and self.pace.control_due()
+
+    def _benched(self, index: int) -> bool:
+        """Whether member `index` sits out this round: on the bench, or its rounds in this reply gave
+        fewer tokens per second than plain steps (it goes on the bench now)."""
+        controller = self.members[index][1]
+        if not controller.speculation.adaptive:
+            return False
+        bench = self._bench.get(index)
+        if bench is not None and self._round < bench[0]:
+            return True
+        if bench is not None and self.pace.winning(index):  # back from the bench, and winning: forgiven
+            del self._bench[index]
+        if not self.pace.losing(index, controller.margin):
+            return False
+        length = self.REPROBE_AFTER if bench is None else min(2 * bench[1], self.MAX_BENCH)
+        self._bench[index] = (self._round + length, length)
+        self.pace.forget_member(index)
+        return True
 
     def inherit(self, previous: DraftPlanner) -> None:
         """Takes over an earlier planner's controllers for the drafters both share (the same objects):
@@ -99,7 +156,10 @@ class DraftPlanner:
 
     def observe(self, plan: Plan, result) -> None:
         """`result`: a RoundResult (drafted, num_accepted, draft_s, verify_s, catch_up_s, verify_size)."""
-        if plan.controller is None or plan.k == 0:
+        drafted = plan.controller is not None and plan.k > 0
+        member = self._index_of(plan.drafter) if drafted else None
+        self.pace.record(member, result.num_accepted + 1, result.draft_s, result.verify_s)
+        if not drafted:
             self.curve.observe(result.verify_size, result.verify_s)
             return
         # the chain's acceptance is what the models measure: a side node kept is not its next token
@@ -119,6 +179,9 @@ class DraftPlanner:
             side_chance=result.side_chance,
             side_won=result.off_chain,
         )
+
+    def _index_of(self, drafter: Drafter | None) -> int | None:
+        return next((i for i, (member, _) in enumerate(self.members) if member is drafter), None)
 
     def note(self) -> str:
         if len(self.members) == 1:
@@ -154,6 +217,8 @@ class DraftPlanner:
     def _plan_among(self, context: list[int], limit: int) -> Plan:
         options: list[_Option] = []
         for index, (drafter, controller) in enumerate(self.members):
+            if self._benched(index):
+                continue
             hint = peek(drafter, context) if limit > 0 else Lookahead(available=0)
             cap = min(limit, controller.speculation.max_k)
             cap = cap if hint.available is None else min(cap, hint.available)
@@ -177,7 +242,7 @@ class DraftPlanner:
                 )
             )
         if not options:
-            self.plain = False
+            self.plain = any(self._round < until for until, _ in self._bench.values())
             return Plan.plain_step()
         unmeasured = [option for option in options if option.rate is None]
         if unmeasured:

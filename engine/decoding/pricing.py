@@ -4,9 +4,10 @@ adaptive K (engine.decoding.adaptive) and the planner can ask it as often as the
 
 A round that drafts K tokens emits on average E(K) tokens (accepted drafts + one target token),
 from the drafter's measured per-position acceptance (engine.decoding.acceptance), and costs
-K * t_draft + t_verify(K+1): K draft steps, then one target forward over the last token and the K
-drafts. Plain decoding emits 1 token per t_verify(1). t_verify(n) is a measured curve
-(engine.decoding.verify_cost).
+K * t_draft + t_verify(K+1) + o_round: K draft steps, then one target forward over the last token and
+the K drafts, then what else the loop spends on a drafted round. Plain decoding emits 1 token per
+t_verify(1) + o_plain. t_verify(n) is a measured curve (engine.decoding.verify_cost); the overheads
+are what whole rounds of each kind measured beyond their draft and verify (engine.decoding.pace).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class Pricer:
     yield_cap: float | None = None
     # how often a token tree's side node is kept where the main branch was rejected beside it
     side_acceptance: float = 0.0
+    # seconds a plain step and a drafted round spend outside their verify and draft (PaceLedger)
+    plain_overhead_s: float = 0.0
+    round_overhead_s: float = 0.0
 
     def expected_rate(self, k: int, condition=None, optimism: float = 0.0) -> float | None:
         """Tokens per second expected with K = k (under `condition`, for a lookup drafter); with
@@ -45,7 +49,7 @@ class Pricer:
         verify = self.curve.estimate(k + 1)
         if verify is None or (k > 0 and self.draft_step_s is None):
             return None
-        cost = verify + (k * self.draft_step_s if k else 0.0)
+        cost = verify + (k * self.draft_step_s + self.round_overhead_s if k else self.plain_overhead_s)
         return self.acceptance.expected_tokens(k, condition, optimism) / cost if cost > 0 else None
 
     def best(self, cap: int, condition=None, step_s: float | None = None) -> tuple[int | None, float, float]:
@@ -57,11 +61,12 @@ class Pricer:
             return None, 0.0, plain_rate or 0.0
         conditional = self.acceptance.conditional(condition, self.optimism)
         best_k, best_rate, tokens, survive = None, 0.0, 1.0, 1.0
-        empty, empty_cost = self.empty_share, self.curve.estimate(1) + step
+        overhead = self.round_overhead_s
+        empty, empty_cost = self.empty_share, self.curve.estimate(1) + step + overhead
         for k in range(1, cap + 1):  # E(k) built up position by position
             survive *= conditional[k - 1] if k - 1 < len(conditional) else 0.0
             tokens += survive
-            cost = self.curve.estimate(k + 1) + k * step
+            cost = self.curve.estimate(k + 1) + k * step + overhead
             rate = ((1 - empty) * tokens + empty) / ((1 - empty) * cost + empty * empty_cost)
             if best_k is None or rate > best_rate:
                 best_k, best_rate = k, rate
@@ -73,7 +78,7 @@ class Pricer:
         """Whether some K in 1..cap would beat `plain_rate` by `margin` if the target accepted every
         draft token, at a draft step of `step_s`."""
         for k in range(1, cap + 1):
-            cost = self.curve.estimate(k + 1) + k * step_s
+            cost = self.curve.estimate(k + 1) + k * step_s + self.round_overhead_s
             if (k + 1) / cost > plain_rate * (1 + margin):
                 return True
         return False
@@ -88,7 +93,7 @@ class Pricer:
         if chain is None or k <= 0:
             return k + 1
         conditional, side = self.acceptance.conditional(condition), self.side_acceptance
-        draft = k * (self.draft_step_s or 0.0)
+        draft = k * (self.draft_step_s or 0.0) + self.round_overhead_s
         tokens, reach = expected_tokens_from(conditional, k), 1.0
         best_size, best_rate = k + 1, tokens / (draft + chain)
         for depth in range(min(k, limit - k - 1)):

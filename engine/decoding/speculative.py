@@ -279,7 +279,7 @@ def generate(
     # noise, so trees would keep as much, but on a CPU they measured 2-5 % slower than chains there
     # (README, "token trees sized by what their side nodes save"), where greedy they broke even.
     trees = sampling.greedy
-    planner.start_reply()
+    planner.start_reply(sampled=not sampling.greedy)
     stats.drafter = planner.name
     stats.k_mode = "fixed" if not speculation.adaptive else "adaptive"
     stats.prompt_tokens = len(prompt_ids)

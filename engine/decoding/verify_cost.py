@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections import deque
+from statistics import median
 
 # Before two sizes are measured, assume each extra token verified adds this fraction of a single step.
 PRIOR_COST_PER_EXTRA_TOKEN = 0.35
 
 
 class VerifyCostCurve:
-    """t(n): seconds for one target forward over n new tokens (warm cache), as a running average per n.
+    """t(n): seconds for one target forward over n new tokens (warm cache), the median of the latest
+    WINDOW figures per n (the calibrated figure counts as the first of them).
 
     Sizes never measured are interpolated linearly between measured neighbours, or extrapolated from
     the two largest. `measure` fills it directly; a compiled runner can call it again after compiling.
@@ -23,7 +26,9 @@ class VerifyCostCurve:
     measured size is cheaper, the loop pads the verify forward up to it (`padded_size`), and
     `estimate` prices n at that size, so the price is what the loop really pays.
 
-    Every observation moves its own size's figure. Re-calibration of the whole curve is judged from
+    Every observation moves its own size's figure, by a median: a forward timed while another
+    program took the core once (3x its figure) moves nothing, where a running average held it dear
+    for many rounds, and a size priced dear is rarely chosen, so rarely timed again. Re-calibration of the whole curve is judged from
     single steps alone (the target alone's own forward, and the most frequent one): when they stay off
     their reference by more than DRIFT_LIMIT (another program started, thermal throttling, a longer
     context), every other size is rescaled by the measured ratio too. A larger size that measures off
@@ -34,6 +39,7 @@ class VerifyCostCurve:
     DRIFT_LIMIT = 1.25
     DRIFT_ROUNDS = 8  # observations before a drift is trusted
     PAD_GAIN = 0.95  # pad only to a size measured at least 5 % cheaper
+    WINDOW = 7  # figures per size whose median is its price
 
     def __init__(self, decay: float = 0.8):
         self.decay = decay
@@ -43,6 +49,7 @@ class VerifyCostCurve:
         # they are priced apart
         self.tree_seconds: dict[int, float] = {}
         self.recalibrations = 0
+        self._samples: dict[int, deque[float]] = {}  # the latest figures per chain size
         # what drift is judged against: the first single-step figure, rescaled at each re-calibration
         self._reference: dict[int, float] = {}
         self._drift, self._drift_rounds = 1.0, 0
@@ -54,7 +61,12 @@ class VerifyCostCurve:
 
     def observe(self, n: int, seconds: float) -> None:
         self._fade_tree_excess()
-        old = self._average_into(self.seconds, n, seconds)
+        old = self.seconds.get(n)
+        samples = self._samples.get(n)
+        if samples is None:
+            samples = self._samples[n] = deque([] if old is None else [old], maxlen=self.WINDOW)
+        samples.append(seconds)
+        self.seconds[n] = median(samples)
         if old is None or n != 1:
             return
         reference = self._reference.setdefault(1, old)
@@ -66,6 +78,10 @@ class VerifyCostCurve:
             for m in self.seconds:
                 if m != 1:
                     self.seconds[m] *= self._drift
+                    if m in self._samples:
+                        self._samples[m] = deque(
+                            (t * self._drift for t in self._samples[m]), maxlen=self.WINDOW
+                        )
             self.recalibrations += 1
             self._drift, self._drift_rounds = 1.0, 0
 
@@ -88,7 +104,7 @@ class VerifyCostCurve:
         """A new measured curve (the runner changed, say from eager to compiled): its figures, and
         drift judged from them."""
         self.seconds = dict(seconds)
-        self.tree_seconds = {}
+        self.tree_seconds, self._samples = {}, {}
         self._reference = {}
         self._drift, self._drift_rounds = 1.0, 0
 

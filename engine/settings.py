@@ -14,6 +14,16 @@ MAX_K = 16
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 DrafterKind = Literal["auto", "model", "ngram", "suffix", "head", "none"]
 DRAFTER_KINDS = ("auto", "model", "ngram", "suffix", "head", "none")
+# Tokens the target's KV cache holds (prompt and reply together) unless the user chooses another
+# context; never more than the model's own. The cache is allocated at this size when the model loads.
+DEFAULT_CONTEXT_TOKENS = 8192
+MIN_CONTEXT_TOKENS = 256
+
+
+def check_context(tokens: int | None) -> None:
+    """SettingsError unless `tokens` is None (the default context) or a context the cache can hold."""
+    if tokens is not None and tokens < MIN_CONTEXT_TOKENS:
+        raise SettingsError(f"The context must be at least {MIN_CONTEXT_TOKENS} tokens, not {tokens}.")
 
 
 @dataclass

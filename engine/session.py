@@ -62,15 +62,20 @@ class ChatEngine:
         sampling: SamplingSettings | None = None,
         compiled: str = "auto",
         remember_drafters: bool = False,
+        context: int | None = None,
     ):
         """`remember_drafters`: begin from what an earlier start measured of each drafter, and keep
-        what this one measures (engine.decoding.drafter_memory), as the app and `chat` / `serve` do."""
+        what this one measures (engine.decoding.drafter_memory), as the app and `chat` / `serve` do.
+        `context`: the tokens a conversation may hold, prompt and reply together (None: the default
+        context, engine.settings.DEFAULT_CONTEXT_TOKENS; never more than the target's own); the KV
+        caches are allocated at that size."""
         self.target = target
         self.compiled = compiled
         self.remember_drafters = remember_drafters
         self.speculation = speculation or SpeculationSettings()
         self.sampling = sampling or SamplingSettings()
-        self._runner = make_runner(target.model, target.device, compiled, COMPILED_VERIFY_SIZES)
+        self.chosen_context = context
+        self._runner = make_runner(target.model, target.device, compiled, COMPILED_VERIFY_SIZES, context)
         self._cached_tokens: list[int] = []  # the target cache holds _cached_tokens[: _runner.cache_length]
         self._lock = threading.Lock()
         # a CPU reply runs on the cores other programs leave free (engine.runtime.threads)
@@ -113,7 +118,8 @@ class ChatEngine:
             self.draft = draft
             self._model_drafter = None
             if draft is not None:
-                runner, target = make_runner(draft.model, draft.device, self.compiled), self._runner
+                runner = make_runner(draft.model, draft.device, self.compiled, context=self.context_length)
+                target = self._runner
                 donor = target if shares_cache_layout(target, runner) else None  # it reads prompts from it
                 prior = copy_acceptance_prior(self.target, draft)
                 self._model_drafter = ModelDrafter(
@@ -376,10 +382,7 @@ class ChatEngine:
         """ContextOverflowError when the prompt leaves no room for an answer; callers check before storing."""
         limit = self._runner.context_length
         if len(prompt_ids) + 1 > limit:
-            raise ContextOverflowError(
-                f"The conversation is {len(prompt_ids)} tokens long, but {self.target.name} reads at most "
-                f"{limit} tokens, including at least one for the answer."
-            )
+            raise ContextOverflowError(context_overflow_message(len(prompt_ids), limit, self.target))
 
     # --- the drafters it keeps (engine.drafter_registry.DrafterSource) ---------------------------
 
@@ -441,6 +444,21 @@ class ChatEngine:
             self._head[1].reset()
         if self._model_drafter is not None:
             self._model_drafter.reset()
+
+
+def context_overflow_message(tokens: int, limit: int, target: LoadedModel) -> str:
+    """The facts of a conversation of `tokens` tokens that a cache of `limit` cannot hold (ContextOverflowError)."""
+    own = target.context_length
+    if limit < own:  # the context chosen, shorter than the model's own: the user can choose a longer one
+        return (
+            f"The conversation is {tokens:,} tokens long, but the context you chose holds {limit:,} tokens, "
+            f"including at least one for the answer (choose a longer one, up to {own:,} for {target.name}: "
+            "--context in the terminal)."
+        )
+    return (
+        f"The conversation is {tokens} tokens long, but {target.name} reads at most {limit} tokens, "
+        "including at least one for the answer."
+    )
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:

@@ -32,6 +32,18 @@ def needs_draft_model(drafter: str) -> bool:
     return NEEDS_DRAFT_MODEL.get(drafter, False)
 
 
+# Tokens the target's KV cache holds (prompt and reply together) unless the user chooses another
+# context; never more than the model's own. The cache is allocated at this size when the model loads.
+DEFAULT_CONTEXT_TOKENS = 8192
+MIN_CONTEXT_TOKENS = 256
+
+
+def check_context(tokens: int | None) -> None:
+    """SettingsError unless `tokens` is None (the default context) or a context the cache can hold."""
+    if tokens is not None and tokens < MIN_CONTEXT_TOKENS:
+        raise SettingsError(f"The context must be at least {MIN_CONTEXT_TOKENS} tokens, not {tokens}.")
+
+
 @dataclass
 class SamplingSettings:
     temperature: float = 0.0  # 0 means greedy

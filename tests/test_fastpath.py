@@ -371,9 +371,11 @@ def test_quantized_draft_runs_eagerly_with_notice(make_tiny):
         assert (actual - expected).abs().mean() < 0.05 * expected.abs().mean()
 
 
-def test_static_buffers_hold_the_models_whole_context(make_tiny):
-    """A conversation past 2048 tokens runs on the fast path, as far as the model's own context."""
-    from engine.models.memory import KV_BUFFER_BYTES, cache_tokens_for
+def test_static_buffers_hold_the_models_whole_context_up_to_the_default(make_tiny):
+    """A conversation past 2048 tokens runs on the fast path, as far as the model's own context when
+    that is shorter than the default context; a longer one gets the default, not its own maximum."""
+    from engine.models.memory import cache_tokens_for
+    from engine.settings import DEFAULT_CONTEXT_TOKENS
 
     loaded = make_tiny(seed=5)
     loaded.model.config.max_position_embeddings = 4096
@@ -381,14 +383,5 @@ def test_static_buffers_hold_the_models_whole_context(make_tiny):
     assert fast.context_length == 4096
     long_prompt = [(17 * i) % 4000 + 5 for i in range(3000)]
     assert greedy(fast, long_prompt, steps=4) == greedy(ModelRunner(loaded.model), long_prompt, steps=4)
-    # a context whose KV buffers would not fit the budget gets as many tokens as fit
-    config = loaded.model.config
-    config.max_position_embeddings = 10**9
-    per_token = (
-        2
-        * config.num_hidden_layers
-        * config.num_key_value_heads
-        * (config.hidden_size // config.num_attention_heads)
-        * 4
-    )
-    assert cache_tokens_for(config) == KV_BUFFER_BYTES // per_token
+    loaded.model.config.max_position_embeddings = 10**9
+    assert cache_tokens_for(loaded.model.config) == DEFAULT_CONTEXT_TOKENS

@@ -12,7 +12,14 @@ from engine.errors import SettingsError
 from engine.events import Finished
 from engine.models.builtin import DEFAULT_TARGET
 from engine.models.quantize import DRAFT_QUANTIZATIONS, PRECISIONS
-from engine.settings import NO_DRAFT, SamplingSettings, SpeculationSettings, needs_draft_model
+from engine.settings import (
+    DEFAULT_CONTEXT_TOKENS,
+    NO_DRAFT,
+    SamplingSettings,
+    SpeculationSettings,
+    check_context,
+    needs_draft_model,
+)
 
 
 def add_model_options(parser: argparse.ArgumentParser, default_draft: str | None = "auto") -> None:
@@ -56,6 +63,14 @@ def add_model_options(parser: argparse.ArgumentParser, default_draft: str | None
     )
 
 
+def add_context_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--context", type=int, default=None, metavar="TOKENS",
+        help=f"tokens a conversation may hold, prompt and reply together; the KV cache is allocated at this "
+        f"size (default {DEFAULT_CONTEXT_TOKENS:,}, or the model's own context where that is shorter)",
+    )  # fmt: skip
+
+
 def add_trees_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trees", choices=["on", "off"], default="on",
@@ -66,6 +81,7 @@ def add_trees_option(parser: argparse.ArgumentParser) -> None:
 def add_chat_parser(subparsers) -> None:
     parser = subparsers.add_parser("chat", help="chat with a model in the terminal")
     add_model_options(parser)
+    add_context_option(parser)
     parser.add_argument("--k", default="adaptive", help="'adaptive' or a fixed draft length 1-16")
     parser.add_argument("--max-k", type=int, default=8)
     add_trees_option(parser)
@@ -167,6 +183,7 @@ def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSetti
     from engine.models.pair import load_pair
     from engine.session import ChatEngine
 
+    check_context(args.context)
     progress = ProgressBar()
     try:
         target, draft = load_pair(
@@ -187,7 +204,13 @@ def build_engine(args, speculation: SpeculationSettings, sampling: SamplingSetti
         else args.compiled
     )
     engine = ChatEngine(
-        target, draft, speculation=speculation, sampling=sampling, compiled=compiled, remember_drafters=True
+        target,
+        draft,
+        speculation=speculation,
+        sampling=sampling,
+        compiled=compiled,
+        remember_drafters=True,
+        context=args.context,
     )
     if speculation.drafter == "head" and ":" in args.draft:
         engine.head_source = args.draft.split(":", 1)[1]

@@ -14,13 +14,15 @@ import os
 import sys
 
 from engine.errors import SettingsError
+from engine.settings import check_context
 
 
 def add_serve_parser(subparsers) -> None:
-    from engine.cli.chat import add_model_options, add_trees_option
+    from engine.cli.chat import add_context_option, add_model_options, add_trees_option
 
     parser = subparsers.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     add_model_options(parser)
+    add_context_option(parser)
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this computer only)"
     )
@@ -76,6 +78,7 @@ def build_serving_engine(args, speculation, sampling):
     draft_spec = draft_spec_for(args, speculation)
     precision = getattr(args, "precision", None)  # --precision, where the model options offer it
     extra = {"target_precision": precision} if precision else {}
+    check_context(args.context)
     progress = ProgressBar()
     try:
         target, draft = load_pair(
@@ -90,6 +93,7 @@ def build_serving_engine(args, speculation, sampling):
         sampling=sampling,
         compiled=args.compiled,
         remember_drafters=True,
+        context=args.context,
     )
     progress = ProgressBar()
     try:

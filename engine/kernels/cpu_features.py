@@ -24,6 +24,11 @@ def has_avx2() -> bool:
     return {"avx2", "fma"} <= cpu_flags()
 
 
+def has_f16c() -> bool:
+    """F16C: float16 loads widened to float32 (the row attention kernel's float16 KV buffers)."""
+    return "f16c" in cpu_flags()
+
+
 def has_vnni() -> bool:
     return bool({"avx512_vnni", "avx_vnni", "avx_vnni_int8"} & cpu_flags())
 

@@ -149,17 +149,20 @@ def kv_cache_bytes(config, context_length: int, dtype: Any = "float32", device: 
     return 2 * config.num_hidden_layers * kv_heads * head_dim * context_length * element_size
 
 
-KV_BUFFER_BYTES = 2 * 1024**3  # static KV buffers' budget when the model's own context needs more
+def kv_dtype_on(device: str, model_dtype: Any) -> Any:
+    """The KV cache's dtype on `device`: float16 on a CPU (the fast path's row kernel reads it:
+    engine.runtime.kv_cache), the model's own elsewhere."""
+    return "float16" if str(device).startswith("cpu") else model_dtype
 
 
-def cache_tokens_for(config) -> int:
-    """Tokens of static KV buffer for a model: its whole context when that fits KV_BUFFER_BYTES at
-    fp32, else as many as fit, never fewer than DEFAULT_CONTEXT. The eager fast path attends only
-    over the written slots, so a long buffer costs memory, not time."""
-    from engine.models.loaded import DEFAULT_CONTEXT, context_length_of
+def cache_tokens_for(config, context: int | None = None) -> int:
+    """Tokens of static KV buffer for a model: the context chosen (`context`, by default
+    engine.settings.DEFAULT_CONTEXT_TOKENS), never more than the model's own context."""
+    from engine.models.loaded import context_length_of
+    from engine.settings import DEFAULT_CONTEXT_TOKENS, check_context
 
-    limit = context_length_of(config)
-    return min(limit, max(DEFAULT_CONTEXT, KV_BUFFER_BYTES // kv_cache_bytes(config, 1)))
+    check_context(context)
+    return min(context_length_of(config), context or DEFAULT_CONTEXT_TOKENS)
 
 
 def available_memory_bytes(device: str = "cpu") -> int:
@@ -260,7 +263,11 @@ def estimate_memory(
     if target_weight_bytes is None:
         target_weight_bytes = estimate_weight_bytes(target_config, target_quantization, target_dtype, device)
     add("target weights", target_weight_bytes, device)
-    add("target KV cache", kv_cache_bytes(target_config, context_length, target_dtype, device), device)
+    add(
+        "target KV cache",
+        kv_cache_bytes(target_config, context_length, kv_dtype_on(device, target_dtype), device),
+        device,
+    )
     if draft_config is not None:
         add(
             "draft weights",
@@ -269,7 +276,9 @@ def estimate_memory(
         )
         add(
             "draft KV cache",
-            kv_cache_bytes(draft_config, context_length, draft_dtype, draft_device),
+            kv_cache_bytes(
+                draft_config, context_length, kv_dtype_on(draft_device, draft_dtype), draft_device
+            ),
             draft_device,
         )
     for where in sorted(set(devices.values())):

@@ -9,9 +9,10 @@ positions measured. `attend(..., exact_rows=True)` gives each row its own call o
 slots its one-token step sees, so each row is bit for bit that step's result (the layers' matmuls
 are row-exact already: engine.runtime.row_linear, engine.kernels.block_quant).
 
-Where Tandem's C++ kernels run (float32 on an AVX2 CPU), `attend_rows` does the same in one call per
+Where Tandem's C++ kernels run (float32 on an AVX2 CPU with F16C), `attend_rows` does the same in one call per
 layer for every row, token trees included (engine/kernels/native/attention.cpp): a 5-token verify
-forward no longer makes 150 SDPA calls, and any number of rows up to a prompt chunk is exact.
+forward no longer makes 150 SDPA calls, and any number of rows up to a prompt chunk is exact. It reads
+float16 KV buffers (engine.runtime.kv_cache), widening each value exactly, or float32 ones.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from engine.kernels import native_ops
-from engine.kernels.cpu_features import has_avx2
+from engine.kernels.cpu_features import has_avx2, has_f16c
 
 # Verify forwards up to this many tokens may attend row by row (a call per row and layer)
 EXACT_ROWS = 16
@@ -57,6 +58,8 @@ def rows_unavailable_reason() -> str | None:
         return "turned off by TANDEM_ROW_ATTENTION=off"
     if not has_avx2():
         return "this CPU has no AVX2"
+    if not has_f16c():
+        return "this CPU has no F16C"
     error = native_ops.build_error()
     if error is not None:
         return error
@@ -78,7 +81,7 @@ def rows_kernel_for(dtype: torch.dtype, device: torch.device, head_dim: int) -> 
     )
 
 
-ROWS_KERNEL_VERSION = 1  # bumped when attention.cpp's speed changes: stored verify-cost curves are stale
+ROWS_KERNEL_VERSION = 2  # bumped when attention.cpp's speed changes: stored verify-cost curves are stale
 
 
 def kernel_name(model, versioned: bool = True) -> str:
@@ -95,7 +98,7 @@ def kernel_name(model, versioned: bool = True) -> str:
 def attend_rows(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor | None, visible: Tensor | None
 ) -> Tensor:
-    """q: [T, H, D]; k_cache, v_cache: [1, KV, S, D]; lengths: [T], row t attends to slots
+    """q: [T, H, D] float32; k_cache, v_cache: [1, KV, S, D] float16 or float32; lengths: [T], row t attends to slots
     [0, lengths[t]); or visible: [T, W] bool, row t attends to the slots it marks (a token tree).
     -> [T, H, D], each row computed alike whatever T (engine/kernels/native/attention.cpp)."""
     return torch.ops.tandem_attention.attend(q, k_cache, v_cache, lengths, visible)

@@ -6,19 +6,24 @@ from collections.abc import Iterable
 
 import torch
 
+from engine.models.memory import cache_tokens_for
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner
 from engine.runtime.protocol import Runner
 from engine.runtime.static_forward import unsupported_reason
 
 
-def make_runner(model, device=None, compiled: str = "auto", verify_sizes: Iterable[int] = ()) -> Runner:
+def make_runner(
+    model, device=None, compiled: str = "auto", verify_sizes: Iterable[int] = (), context: int | None = None
+) -> Runner:
     """The fastest runner this model supports.
 
     compiled: "auto" compiles on CUDA now and leaves CPU runners eager, to be compiled later
     (ChatEngine.prepare and optimize_in_background): on a small CPU the first build takes a minute
     or more. "on" compiles now wherever it can, "off" never compiles. Models the fast path does not
-    support get the generic runner; `runner.notice` says so.
+    support get the generic runner; `runner.notice` says so. `context`: the tokens its cache holds,
+    prompt and reply together (engine.models.memory.cache_tokens_for: by default the default context,
+    never more than the model's own).
     """
     if compiled not in ("auto", "on", "off"):
         raise ValueError(f"compiled must be 'auto', 'on' or 'off', not {compiled!r}")
@@ -26,7 +31,11 @@ def make_runner(model, device=None, compiled: str = "auto", verify_sizes: Iterab
     if reason is not None:
         runner = ModelRunner(model, device)
         runner.notice = f"Generic path: {reason}."
+        runner.context_length = cache_tokens_for(model.config, context)
         return runner
     runner_device = torch.device(device) if device is not None else next(model.parameters()).device
     compile_now = compiled == "on" or (compiled == "auto" and runner_device.type == "cuda")
-    return FastRunner(model, device, compiled="auto" if compile_now else "off", verify_sizes=verify_sizes)
+    tokens = cache_tokens_for(model.config, context)
+    return FastRunner(
+        model, device, tokens, compiled="auto" if compile_now else "off", verify_sizes=verify_sizes
+    )

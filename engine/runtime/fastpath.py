@@ -43,7 +43,7 @@ class FastRunner(ModelRunner):
     compiled: "auto" compiles when it can (CPU: inductor with dynamic shapes, cached on disk, and its
     forwards saved in `precompiled_folder` where one is given; CUDA: CUDA graphs per size, or inductor's
     with compile_mode="reduce-overhead"), "off" stays eager. `notice` says why it is eager when "auto"
-    could not compile.
+    could not compile. kv_dtype: the KV buffers' (default: engine.runtime.kv_cache.kv_dtype_for).
     """
 
     def __init__(
@@ -57,11 +57,11 @@ class FastRunner(ModelRunner):
         compile_mode: str | None = None,
         dynamic_shapes: bool | None = None,
         precompiled_folder: Path | None = None,
+        kv_dtype: torch.dtype | None = None,
     ):
         super().__init__(model, device)
-        self.max_seq_length = max_seq_length or cache_tokens_for(model.config)
-        self.context_length = self.max_seq_length
-        self.fast = FastLlama(model, self.max_seq_length).eval()
+        self.max_seq_length = self.context_length = max_seq_length or cache_tokens_for(model.config)
+        self.fast = FastLlama(model, self.max_seq_length, kv_dtype).eval()
         self.prefill_chunk = prefill_chunk or prefill_chunk_for(model)
         self.compiled_sizes = sorted({1, self.prefill_chunk, *verify_sizes})
         self.compile_mode = compile_mode

@@ -68,7 +68,7 @@ def _register_fake() -> None:
         return x.new_empty(x.shape)
 
 
-LAYER_KERNEL_VERSION = 1  # bumped when decoder_layer.cpp's speed changes: stored verify-cost curves are stale
+LAYER_KERNEL_VERSION = 2  # bumped when decoder_layer.cpp's speed changes: stored verify-cost curves are stale
 
 
 def kernel_name(model, versioned: bool = True) -> str:

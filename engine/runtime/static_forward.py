@@ -1,7 +1,8 @@
 """A static-cache, position-indexed forward for Llama-family models (FastLlama).
 
 The model's own modules (embeddings, norms, projections, MLPs, head) are reused as they are, so no
-weight is copied; only attention is rewritten, around one preallocated KV buffer per layer:
+weight is copied; only attention is rewritten, around one preallocated KV buffer per layer
+(engine.runtime.kv_cache: float16 where the row kernel reads it, at the context chosen):
 
     k_cache, v_cache: [1, n_kv_heads, max_seq_length, head_dim]
 
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 from engine.runtime import row_linear
 from engine.runtime.attention import attend, attend_rows, rows_kernel_for
 from engine.runtime.fused_layer import FusedLayer, fusable_reason, signed_sin
+from engine.runtime.kv_cache import KVCache, kv_dtype_for
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -36,20 +38,6 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-class KVCache(nn.Module):
-    def __init__(self, n_kv_heads: int, max_seq_length: int, head_dim: int, dtype, device):
-        super().__init__()
-        shape = (1, n_kv_heads, max_seq_length, head_dim)
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-
-    def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        # input_pos: [T], k, v: [1, KV, T, D]
-        self.k_cache.index_copy_(2, input_pos, k)
-        self.v_cache.index_copy_(2, input_pos, v)
-        return self.k_cache, self.v_cache
-
-
 def rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -57,10 +45,11 @@ def rotate_half(x: Tensor) -> Tensor:
 
 # Raised whenever FastLlama.forward's graph, or the set of graphs a runner builds, changes (5: the
 # token-tree graph; 6: a layer on Tandem's kernels in one call, engine.runtime.fused_layer; 7: without
-# inductor's per-call size asserts, engine.runtime.compile_cache; 8: the one-call layer takes GGUF parts): a
+# inductor's per-call size asserts, engine.runtime.compile_cache; 8: the one-call layer takes GGUF parts;
+# 9: float16 KV buffers where the row kernel reads them, engine.runtime.kv_cache): a
 # compile build's marker (engine.runtime.compile_build) names the version it built, so new graphs
 # are built in the background again instead of compiled from a cold cache before "Ready".
-GRAPH_VERSION = 8
+GRAPH_VERSION = 9
 
 
 class FastLlama(nn.Module):
@@ -72,7 +61,8 @@ class FastLlama(nn.Module):
     says why not otherwise (quantized drafts, Qwen3's per-head norms).
     """
 
-    def __init__(self, hf_model, max_seq_length: int):
+    def __init__(self, hf_model, max_seq_length: int, kv_dtype: torch.dtype | None = None):
+        """kv_dtype: the KV buffers' dtype; None for engine.runtime.kv_cache.kv_dtype_for's choice."""
         super().__init__()
         reason = unsupported_reason(hf_model)
         if reason:
@@ -90,8 +80,13 @@ class FastLlama(nn.Module):
 
         weight = self.embed_tokens.weight
         dtype, device = weight.dtype, weight.device
+        # every row's attention in one call per layer, each row alike whatever their number
+        # (engine.runtime.attention.attend_rows); else SDPA
+        self.row_attention = rows_kernel_for(dtype, device, self.head_dim)
+        self.kv_dtype = kv_dtype or kv_dtype_for(dtype, self.row_attention)
         self.kv_caches = nn.ModuleList(
-            KVCache(self.n_kv_heads, max_seq_length, self.head_dim, dtype, device) for _ in self.layers
+            KVCache(self.n_kv_heads, max_seq_length, self.head_dim, self.kv_dtype, device)
+            for _ in self.layers
         )
         # The model's own rotary module gives cos/sin with any static scaling (llama3, linear, yarn).
         with torch.no_grad():
@@ -99,9 +94,6 @@ class FastLlama(nn.Module):
             cos, sin = inner.rotary_emb(weight[:1].unsqueeze(0), positions)  # [1, S, D] each
         self.register_buffer("rope_cos", cos[0].to(dtype), persistent=False)  # [S, D]
         self.register_buffer("rope_sin", sin[0].to(dtype), persistent=False)
-        # every row's attention in one call per layer, each row alike whatever their number
-        # (engine.runtime.attention.attend_rows); else SDPA
-        self.row_attention = rows_kernel_for(dtype, device, self.head_dim)
         self.unfused_reason = next(
             filter(None, (fusable_reason(layer, config) for layer in self.layers)), None
         )

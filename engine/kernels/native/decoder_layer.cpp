@@ -14,7 +14,8 @@
 // same way whatever the number of rows, so a verify forward's rows stay bit for bit the one-token
 // steps' results and speculative decoding's greedy output the target's own.
 //
-// x: [T, C]; caches [1, KV, S, D], written at `slots` (the new keys after RoPE, and the values);
+// x: [T, C]; caches [1, KV, S, D] float32 or float16, written at `slots` (the new keys after RoPE, and the
+// values, rounded to float16 as torch's own conversion rounds: to nearest, ties to even);
 // cos, sin_signed: [T, D] (rotate_half's sign folded into sin); lengths [T] or mask [T, W] as in
 // attention.cpp. Returns the layer's output [T, C].
 
@@ -25,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -62,6 +64,24 @@ void rms_norm_row(const float* x, const float* weight, float eps, int64_t c, flo
 void rope_head(const float* x, const float* cos, const float* sin_signed, int64_t d, float* out) {
   const int64_t half = d / 2;
   for (int64_t i = 0; i < d; ++i) out[i] = x[i] * cos[i] + x[(i + half) % d] * sin_signed[i];
+}
+
+// One head's D values into a cache row, as they are or rounded to float16.
+void store_head(const float* values, int64_t d, float* out) { std::copy(values, values + d, out); }
+void store_head(const float* values, int64_t d, at::Half* out) {
+  for (int64_t i = 0; i < d; ++i) out[i] = at::Half(values[i]);
+}
+
+// The new keys (after RoPE) and values of one token into every KV head's row at cache slot `slot`.
+template <typename T>
+void write_kv(const float* row, const float* cos, const float* sin_signed, int64_t heads, int64_t kv_heads,
+              int64_t d, int64_t cache_slots, int64_t slot, float* roped, T* k_cache, T* v_cache) {
+  for (int64_t kv = 0; kv < kv_heads; ++kv) {
+    const int64_t at = (kv * cache_slots + slot) * d;
+    rope_head(row + (heads + kv) * d, cos, sin_signed, d, roped);
+    store_head(roped, d, k_cache + at);
+    store_head(row + (heads + kv_heads + kv) * d, d, v_cache + at);
+  }
 }
 
 #ifdef LAYER_X86
@@ -136,6 +156,9 @@ torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& inpu
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.is_contiguous() &&
                   v_cache.is_contiguous(),
               "decoder layer: the caches must be contiguous [1, KV, S, D]");
+  const bool half_cache = k_cache.scalar_type() == torch::kHalf;
+  TORCH_CHECK((half_cache || k_cache.scalar_type() == torch::kFloat) && v_cache.scalar_type() == k_cache.scalar_type(),
+              "decoder layer: the caches must be float32 or float16, both alike");
   const torch::Tensor x = x_in.contiguous(), cos = cos_in.contiguous(), sin = sin_in.contiguous();
   const torch::Tensor slots = slots_in.to(torch::kLong).contiguous();
   const int64_t tokens = x.size(0), c = x.size(1);
@@ -170,18 +193,19 @@ torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& inpu
   torch::Tensor q = torch::empty({tokens, heads, d}, x.options());
   const float* qkvp = qkv.data_ptr<float>();
   float* qp = q.data_ptr<float>();
-  float* kp = k_cache.data_ptr<float>();
-  float* vp = v_cache.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* snp = sin.data_ptr<float>();
   for_rows(tokens, qkv_heads * d, [&](int64_t t) {
     const float* row = qkvp + t * qkv_heads * d;
     const float *ct = cp + t * d, *st = snp + t * d;
     for (int64_t head = 0; head < heads; ++head) rope_head(row + head * d, ct, st, d, qp + (t * heads + head) * d);
-    for (int64_t kv = 0; kv < kv_heads; ++kv) {
-      const int64_t at = (kv * cache_slots + sp[t]) * d;
-      rope_head(row + (heads + kv) * d, ct, st, d, kp + at);
-      std::copy(row + (heads + kv_heads + kv) * d, row + (heads + kv_heads + kv + 1) * d, vp + at);
+    std::vector<float> roped(d);
+    if (half_cache) {
+      write_kv(row, ct, st, heads, kv_heads, d, cache_slots, sp[t], roped.data(), k_cache.data_ptr<at::Half>(),
+               v_cache.data_ptr<at::Half>());
+    } else {
+      write_kv(row, ct, st, heads, kv_heads, d, cache_slots, sp[t], roped.data(), k_cache.data_ptr<float>(),
+               v_cache.data_ptr<float>());
     }
   });
   const torch::Tensor attended = row_attention(q, k_cache, v_cache, lengths, mask);  // [T, H, D]

@@ -44,14 +44,23 @@ class Simulation:
     alpha: float
     vocab_size: int
     rng: random.Random
+    offered: int = 0  # tokens replaced so far
+    kept: int = 0  # of those, the target's own
+
+    @property
+    def realized(self) -> float | None:
+        """The share of replaced tokens that were the target's own: α as this run drew it."""
+        return self.kept / self.offered if self.offered else None
 
     def replace(self, context: list[int], tokens: torch.Tensor) -> torch.Tensor:  # [k] -> [k]
         out = tokens.clone()
         for i in range(out.numel()):
             position = len(context) + i
             own = self.reference[position] if position < len(self.reference) else None
+            self.offered += 1
             if own is not None and self.rng.random() < self.alpha:
                 out[i] = own
+                self.kept += 1
             else:
                 base = own if own is not None else int(out[i])
                 out[i] = (base + 1 + self.rng.randrange(self.vocab_size - 1)) % self.vocab_size
@@ -102,7 +111,10 @@ def measure_costs(engine, sizes=(1, 2, 3, 4, 5, 6, 7, 8, 9), repeats: int = 3):
     return {n: seconds[n] / seconds[1] for n in seconds}, draft_s / seconds[1], seconds[1]
 
 
-def run(target: Path, draft: Path, alphas: list[float], tokens: int, seed: int = 0) -> dict:
+def run(
+    target: Path, draft: Path, alphas: list[float], tokens: int, seed: int = 0, k: int | None = None
+) -> dict:
+    """The target alone, then the draft model at each α; `k` fixes K (None: adaptive K, as the app runs)."""
     from engine.models.loading import load_model
     from engine.session import ChatEngine
     from engine.settings import SamplingSettings, SpeculationSettings
@@ -114,7 +126,7 @@ def run(target: Path, draft: Path, alphas: list[float], tokens: int, seed: int =
     prompt = engine.prompt_ids([{"role": "user", "content": PROMPT}])
 
     def reply(drafter: str):
-        engine.speculation = SpeculationSettings(drafter=drafter)
+        engine.speculation = SpeculationSettings(drafter=drafter, k=k if drafter != "none" else None)
         engine.reset()
         engine.forget_history()
         started = time.perf_counter()
@@ -129,17 +141,18 @@ def run(target: Path, draft: Path, alphas: list[float], tokens: int, seed: int =
     )
     verify_cost, draft_cost, step_s = measure_costs(engine)
     drafter = engine.model_drafter()
+    vocab_size = len(target_model.tokenizer)
     rows = []
     for alpha in alphas:
-        simulate_acceptance(
-            drafter, Simulation(reference, alpha, engine._runner.vocab_size, random.Random(seed))
-        )
+        simulation = Simulation(reference, alpha, vocab_size, random.Random(seed))
+        simulate_acceptance(drafter, simulation)
         finished, _ = reply("model")
         stats = finished.stats
         decode = stats.generated_tokens / max(stats.total_time_s - stats.prefill_time_s, 1e-9)
-        speed_up_bound, best_k = bound(alpha, draft_cost, verify_cost)
+        speed_up_bound, best_k = bound(simulation.realized or alpha, draft_cost, verify_cost)
         rows.append({
             "alpha": alpha,
+            "alpha_realized": simulation.realized,
             "identical_to_target_alone": list(finished.token_ids) == list(plain.token_ids),
             "decode_tokens_per_s": decode,
             "speed_up": decode / plain_decode,
@@ -169,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", type=Path, required=True, help="a draft model's GGUF file")
     parser.add_argument("--alphas", default="0.5,0.6,0.7,0.8")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=None, help="a fixed K (default: adaptive, as the app runs)")
     parser.add_argument("--llama-cpp", action="store_true", help="llama-bench on the target file too")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    result = run(args.target, args.draft, [float(a) for a in args.alphas.split(",")], args.tokens)
+    result = run(args.target, args.draft, [float(a) for a in args.alphas.split(",")], args.tokens, k=args.k)
     if args.llama_cpp:
         from engine.bench.real_sizes import measure_llama_cpp
 

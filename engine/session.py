@@ -34,6 +34,7 @@ from engine.models.chat_template import chat_prompt_ids
 from engine.models.loaded import LoadedModel
 from engine.models.quantize import no_drafting_note
 from engine.runtime.cache_transfer import shares_cache_layout
+from engine.runtime.calibration import CALIBRATION_SIZES
 from engine.runtime.fastest_runner import make_runner
 from engine.runtime.protocol import Runner
 from engine.runtime.threads import ThreadChooser, threads_set_to
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
     from engine.decoding.drafters.head import HeadDrafter
 
 CALIBRATION_TOKENS = 64
-# every verify size adaptive K uses at the default max K (1 + K for K = 0..8), then two larger ones
-CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17)
-STORED_CURVE_TOLERANCE = 1.5  # a stored curve whose single step is off by more than this is saved rescaled
-CHECK_REPEATS = 5
 SUFFIX_HISTORY_LEAD = 8  # tokens of the prompt before a reply that go into the suffix index with it
 # Verify forwards of K+1 tokens compiled ahead when compilation is on; other sizes run eagerly.
 COMPILED_VERIFY_SIZES = (2, 3, 5)
@@ -231,36 +228,17 @@ class ChatEngine:
     def _calibrate(self, progress, use_cache: bool) -> None:
         from engine.runtime import calibration
 
-        # Measured on the engine's own runner, so the figures are those of the path that generates.
-        runner = self._runner
-        key = calibration.calibration_key(self.target, runner)
-        stored = calibration.load(key) if use_cache else None
-        if stored is not None:
-            # A curve stored while other programs loaded the machine (or before a CPU change) would
-            # make every estimate wrong. A quick check of a single step and of one verify size
-            # (well under a second) rescales it when the machine is faster or slower, and has it
-            # measured again when its shape is off: t(4) / t(1) is what adaptive K trades on.
-            now = self._measure(runner, calibration.CHECK_SIZES, repeats=CHECK_REPEATS)
-            if not calibration.shape_agrees(stored, now):
-                # a moment of load can bend one quick measurement: only a second one confirms it
-                now = self._measure(runner, calibration.CHECK_SIZES, repeats=CHECK_REPEATS)
-            ratio = now[1] / stored[1]
-            if not calibration.shape_agrees(stored, now) and not self._busy_for_measuring():
-                stored = None
-            else:
-                stored = {n: t * ratio for n, t in stored.items()}
-                if not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
-                    calibration.save(key, stored)
-        if stored is not None:
-            self._verify_curve = VerifyCostCurve()
-            self._verify_curve.seconds = stored
-        else:
-            if progress is not None:
-                progress("Measuring this machine", 0, 1)
-            self._verify_curve = VerifyCostCurve()
-            self._verify_curve.seconds = self._measure(runner, CALIBRATION_SIZES)
-            calibration.save(key, self._verify_curve.seconds)
-        self._step_time_s = self._verify_curve.seconds[1]
+        runner = self._runner  # the engine's own: the figures are those of the path that generates
+        seconds = calibration.read_back_or_measure(
+            calibration.calibration_key(self.target, runner),
+            lambda sizes, repeats: self._measure(runner, sizes, repeats),
+            self._busy_for_measuring,
+            progress,
+            use_cache,
+        )
+        self._verify_curve = VerifyCostCurve()
+        self._verify_curve.seconds = seconds
+        self._step_time_s = seconds[1]
 
     def _busy_for_measuring(self) -> bool:
         """Whether other programs keep the CPU too busy for a measurement to be better than the stored

@@ -38,6 +38,10 @@ SHAPE_JITTER_S = 0.002
 # Other programs keeping more than this many cores busy make a start-up measurement no better than the
 # stored curve: a shape that disagrees then keeps the stored curve, rescaled (ChatEngine.calibrate).
 BUSY_OTHERS_CORES = 0.5
+# every verify size adaptive K uses at the default max K (1 + K for K = 0..8), then two larger ones
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17)
+STORED_CURVE_TOLERANCE = 1.5  # a stored curve whose single step is off by more than this is saved rescaled
+CHECK_REPEATS = 5
 
 
 def cache_path() -> Path:
@@ -175,3 +179,33 @@ def shape_agrees(stored: dict[int, float], now: dict[int, float]) -> bool:
         if not (within or abs(now[check] - expected) <= SHAPE_JITTER_S):
             return False
     return True
+
+
+def read_back_or_measure(key: str, measure, busy, progress=None, use_cache: bool = True) -> dict[int, float]:
+    """The verify-cost curve for `key` (seconds per forward over n new tokens): the stored one where it
+    still fits this machine, else a new measurement, saved. `measure(sizes, repeats)` times forwards
+    now; `busy()` says whether other programs keep the CPU too busy for a new measurement to beat the
+    stored curve; progress("Measuring this machine", 0, 1) is reported only when it measures.
+
+    A curve stored while other programs loaded the machine (or before a CPU change) would make every
+    estimate wrong. A quick check of a single step and of one verify size (well under a second)
+    rescales it when the machine is faster or slower, and has it measured again when its shape is off:
+    t(4) / t(1) is what adaptive K trades on.
+    """
+    stored = load(key) if use_cache else None
+    if stored is not None:
+        now = measure(CHECK_SIZES, CHECK_REPEATS)
+        if not shape_agrees(stored, now):
+            # a moment of load can bend one quick measurement: only a second one confirms it
+            now = measure(CHECK_SIZES, CHECK_REPEATS)
+        ratio = now[1] / stored[1]
+        if shape_agrees(stored, now) or busy():
+            rescaled = {n: t * ratio for n, t in stored.items()}
+            if not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
+                save(key, rescaled)
+            return rescaled
+    if progress is not None:
+        progress("Measuring this machine", 0, 1)
+    seconds = measure(CALIBRATION_SIZES, 3)
+    save(key, seconds)
+    return seconds

@@ -249,16 +249,17 @@ def test_greedy_output_with_a_gguf_draft_model_is_the_native_targets_own(gguf_dr
         assert drafted.stats.drafted > 0 and drafted.stats.accepted == drafted.stats.drafted
 
 
-def test_seeded_sampling_with_a_gguf_draft_model_is_the_targets_own_sample(gguf_draft_engine, native_engine):
+def test_seeded_sampling_with_a_gguf_draft_model_is_the_targets_own_sample(native_builtin, gguf_draft_engine):
     """With the same seed, a sampled reply drafted by the GGUF draft model is token for token the
     target's own seeded sample (the loop couples both to one noise per position, whatever drafts)."""
+    from engine.session import ChatEngine
+
     sampling = SamplingSettings(temperature=0.8, top_k=40, max_new_tokens=32, seed=11)
     messages = [{"role": "user", "content": PROMPTS[1]}]
-    native_engine.speculation, native_engine.sampling = SpeculationSettings(drafter="none"), sampling
-    native_engine.reset()
-    own = list(native_engine.respond(messages).token_ids)
+    plain = ChatEngine(native_builtin, None, compiled="off")
+    plain.sampling, plain.speculation = sampling, SpeculationSettings(drafter="none")
+    own = list(plain.respond(messages).token_ids)
     gguf_draft_engine.speculation, gguf_draft_engine.sampling = SpeculationSettings(drafter="model"), sampling
     gguf_draft_engine.reset()
     drafted = gguf_draft_engine.respond(messages)
     assert list(drafted.token_ids) == own and drafted.stats.drafted > 0
-    native_engine.sampling = SamplingSettings(max_new_tokens=48)

@@ -1,4 +1,4 @@
-"""The fast path's KV buffers (engine.runtime.kv_cache): float16 where the row kernel reads them, at the
+"""The fast path's KV buffers (engine.runtime.kv_cache): float16 where the row kernel reads a GGUF target's, at the
 context chosen, and a clear refusal past it."""
 
 from __future__ import annotations
@@ -54,21 +54,35 @@ def test_float16_kv_attention_is_the_float64_reference_within_float16_rounding(h
 
 
 @needs_kernel
-def test_the_buffers_hold_the_chosen_context_in_float16(make_tiny):
-    loaded = make_tiny(seed=3, hidden=128)  # head size 32, which the row kernel takes
-    config = loaded.model.config
-    config.max_position_embeddings = 4096
+def test_a_gguf_targets_buffers_hold_the_chosen_context_in_float16(native_builtin):
+    config = native_builtin.model.config
     context = 1000
-    runner = FastRunner(loaded.model, compiled="off", max_seq_length=cache_tokens_for(config, context))
+    runner = FastRunner(
+        native_builtin.model, compiled="off", max_seq_length=cache_tokens_for(config, context)
+    )
     fast = runner.fast
     assert fast.row_attention and runner.context_length == context
     layers, kv_heads, head_dim = config.num_hidden_layers, config.num_key_value_heads, fast.head_dim
     assert {cache.k_cache.dtype for cache in fast.kv_caches} == {torch.float16}
     assert cache_bytes(fast.kv_caches) == layers * 2 * context * kv_heads * head_dim * 2
-    # what the memory estimate counts on a CPU is what was allocated
+    # what the memory estimate counts for a GGUF file on its own blocks is what was allocated
     assert kv_cache_bytes(config, context, "float16") == cache_bytes(fast.kv_caches)
-    estimate = estimate_memory(config, context_length=context, available={"cpu": 2**40})
+    estimate = estimate_memory(
+        config, context_length=context, available={"cpu": 2**40}, target_weight_bytes=10**8
+    )
     assert estimate.parts["target KV cache"] == cache_bytes(fast.kv_caches)
+
+
+@needs_kernel
+def test_a_float_targets_buffers_keep_its_dtype_so_it_stays_the_float_model(make_tiny):
+    loaded = make_tiny(seed=3, hidden=128)  # head size 32, which the row kernel takes
+    config = loaded.model.config
+    config.max_position_embeddings = 4096
+    runner = FastRunner(loaded.model, compiled="off", max_seq_length=cache_tokens_for(config, 1000))
+    assert runner.fast.row_attention
+    assert {cache.k_cache.dtype for cache in runner.fast.kv_caches} == {torch.float32}
+    estimate = estimate_memory(config, context_length=1000, available={"cpu": 2**40})
+    assert estimate.parts["target KV cache"] == cache_bytes(runner.fast.kv_caches)
 
 
 def test_the_context_is_the_one_chosen_never_more_than_the_models_own(make_tiny):

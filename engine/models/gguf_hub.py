@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelFormatError, ModelNotFoundError, OfflineError, TandemError
-from engine.models.builtin import ProgressCallback
+from engine.events import ProgressCallback
 from engine.models.hub import CONNECT_TIMEOUT_S, DownloadCancelled, network_errors, progress_bar_class
 from engine.paths import models_cache_dir
 
@@ -339,6 +339,12 @@ def parse_spec(spec: str) -> tuple[str, str | None, str | None] | None:
 
 def is_hub_gguf_spec(spec: str) -> bool:
     return parse_spec(spec) is not None and not Path(spec).expanduser().exists()
+
+
+def cached_file(spec: str) -> Path | None:
+    """The checked local copy of a hub GGUF spec's file where it was downloaded already; else None."""
+    parsed = parse_spec(spec)
+    return None if parsed is None else _cached(*parsed)
 
 
 def choose(entries: list[HubGGUF], repo: str, quant: str | None, file: str | None) -> HubGGUF:

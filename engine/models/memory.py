@@ -149,10 +149,10 @@ def kv_cache_bytes(config, context_length: int, dtype: Any = "float32", device: 
     return 2 * config.num_hidden_layers * kv_heads * head_dim * context_length * element_size
 
 
-def kv_dtype_on(device: str, model_dtype: Any) -> Any:
-    """The KV cache's dtype on `device`: float16 on a CPU (the fast path's row kernel reads it:
-    engine.runtime.kv_cache), the model's own elsewhere."""
-    return "float16" if str(device).startswith("cpu") else model_dtype
+def kv_dtype_on(device: str, model_dtype: Any, gguf_blocks: bool) -> Any:
+    """The KV cache's dtype on `device`: float16 for a GGUF file run on its own blocks on a CPU (the
+    fast path's row kernel reads it: engine.runtime.kv_cache), the model's own elsewhere."""
+    return "float16" if gguf_blocks and str(device).startswith("cpu") else model_dtype
 
 
 def cache_tokens_for(config, context: int | None = None) -> int:
@@ -260,12 +260,18 @@ def estimate_memory(
         parts[label] = nbytes
         devices[label] = where
 
+    target_weight_bytes_given = target_weight_bytes is not None  # a GGUF file run on its own blocks
     if target_weight_bytes is None:
         target_weight_bytes = estimate_weight_bytes(target_config, target_quantization, target_dtype, device)
     add("target weights", target_weight_bytes, device)
     add(
         "target KV cache",
-        kv_cache_bytes(target_config, context_length, kv_dtype_on(device, target_dtype), device),
+        kv_cache_bytes(
+            target_config,
+            context_length,
+            kv_dtype_on(device, target_dtype, target_weight_bytes_given),
+            device,
+        ),
         device,
     )
     if draft_config is not None:
@@ -277,7 +283,7 @@ def estimate_memory(
         add(
             "draft KV cache",
             kv_cache_bytes(
-                draft_config, context_length, kv_dtype_on(draft_device, draft_dtype), draft_device
+                draft_config, context_length, kv_dtype_on(draft_device, draft_dtype, False), draft_device
             ),
             draft_device,
         )

@@ -23,20 +23,24 @@ NOT_ON_DISK = "Not on disk yet: the tokenizers are compared after the download."
 
 
 def model_folder(spec: str) -> Path | None:
-    """The model's local folder, or None for a hub id not in the cache. Raises for a bad path."""
-    from engine.models.loading import resolve_folder, spec_kind
+    """The model's local folder, or None for a hub model not in the cache. Raises for a bad path."""
+    from engine.models.gguf_hub import is_hub_gguf_spec
+    from engine.models.loading import resolve_folder
+    from engine.models.source import parse_source
 
-    kind = spec_kind(spec)
-    if kind == "hub":
+    source = parse_source(spec)  # a hub GGUF file already downloaded is a .gguf source
+    if source.kind == "hub":
+        if is_hub_gguf_spec(spec):
+            return None  # downloaded when the models load
         from huggingface_hub import try_to_load_from_cache
 
         cached = try_to_load_from_cache(spec, "config.json")
         return Path(cached).parent if isinstance(cached, str) else None
-    if kind in ("builtin", "gguf"):  # its config and tokenizer, without converting the weights
+    if source.is_gguf:  # its config and tokenizer, without converting the weights
         from engine.models.loading import gguf_metadata
 
         return gguf_metadata(spec)
-    return resolve_folder(spec)
+    return resolve_folder(source)
 
 
 def tokenizer_of(spec: str):

@@ -16,6 +16,7 @@ from typing import Literal
 
 from engine.errors import ModelFormatError, ModelNotFoundError
 from engine.models.builtin import BUILTIN_PREFIX, builtin_entry, builtin_gguf_path, is_builtin
+from engine.models.gguf_hub import cached_file, is_hub_gguf_spec
 from engine.models.hub import looks_like_hub_id
 
 SourceKind = Literal["builtin", "folder", "gguf", "hub"]
@@ -68,6 +69,9 @@ def parse_source(spec: str) -> ModelSource:
         raise ModelFormatError(
             f"'{spec}' is a file but not a GGUF model. Choose a model folder or a .gguf file."
         )
+    if is_hub_gguf_spec(spec):  # owner/repo:Q4_K_M: its file once downloaded, else a hub model
+        cached = cached_file(spec)
+        return ModelSource(spec, "hub") if cached is None else ModelSource(spec, "gguf", cached)
     if looks_like_hub_id(spec):
         return ModelSource(spec, "hub")
     raise ModelNotFoundError(

@@ -39,6 +39,8 @@ def attend(
 
     exact_rows: the T tokens are the window's last T slots, in order (a verify forward, no tree):
     row t then attends over the first W - T + t + 1 slots in its own call."""
+    if k.dtype != q.dtype:  # float16 buffers (engine.runtime.kv_cache), widened exactly for SDPA
+        k, v = k.to(q.dtype), v.to(q.dtype)
     if not exact_rows or attn_mask is None or tokens == 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
     _, kv_heads, rows, head_dim = q.shape

@@ -2,8 +2,8 @@
 
     k_cache, v_cache: [1, n_kv_heads, context, head_dim]
 
-Where attention runs on Tandem's row kernel (a float32 model on an AVX2 CPU: engine.runtime.attention)
-the buffers are float16: half the memory of float32 and half the bytes each step reads, the row kernel
+Where attention runs on Tandem's row kernel (an AVX2 CPU: engine.runtime.attention) for a GGUF file
+run on its own blocks, the buffers are float16: half the memory of float32 and half the bytes each step reads, the row kernel
 widening each value exactly (F16C) as it reads it. A one-token step and a verify row read the same
 rounded values, so speculative decoding stays exact: greedy output is what the target alone writes with
 this cache. Elsewhere (SDPA on a GPU or a CPU without the kernel) the buffers keep the model's dtype,
@@ -22,9 +22,11 @@ from torch import Tensor, nn
 ROW_KERNEL_KV_DTYPE = torch.float16
 
 
-def kv_dtype_for(model_dtype: torch.dtype, row_attention: bool) -> torch.dtype:
-    """The KV buffers' dtype: float16 where the row kernel reads them, else the model's own."""
-    return ROW_KERNEL_KV_DTYPE if row_attention else model_dtype
+def kv_dtype_for(model_dtype: torch.dtype, row_attention: bool, gguf_blocks: bool) -> torch.dtype:
+    """The KV buffers' dtype: float16 where the row kernel reads them for a GGUF file run on its own
+    blocks (llama.cpp keeps that file's cache in float16 too); the model's own dtype elsewhere, so
+    that a float target (the fp32 conversion, an INT8/INT4 copy) stays the float model it was."""
+    return ROW_KERNEL_KV_DTYPE if row_attention and gguf_blocks else model_dtype
 
 
 class KVCache(nn.Module):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from engine.kernels.gguf_quant import GGUFLinear
 from engine.runtime import row_linear
 from engine.runtime.attention import attend, attend_rows, rows_kernel_for
 from engine.runtime.fused_layer import FusedLayer, fusable_reason, signed_sin
@@ -83,7 +84,8 @@ class FastLlama(nn.Module):
         # every row's attention in one call per layer, each row alike whatever their number
         # (engine.runtime.attention.attend_rows); else SDPA
         self.row_attention = rows_kernel_for(dtype, device, self.head_dim)
-        self.kv_dtype = kv_dtype or kv_dtype_for(dtype, self.row_attention)
+        gguf_blocks = any(isinstance(m, GGUFLinear) for m in hf_model.modules())
+        self.kv_dtype = kv_dtype or kv_dtype_for(dtype, self.row_attention, gguf_blocks)
         self.kv_caches = nn.ModuleList(
             KVCache(self.n_kv_heads, max_seq_length, self.head_dim, self.kv_dtype, device)
             for _ in self.layers

@@ -280,9 +280,9 @@ def block_quantized_target(make_tiny, kernel: str):
 
     tiny = make_tiny(seed=4, hidden=128)
     model = qk.KERNELS[kernel].build(tiny.model)
-    return LoadedModel(
-        tiny.spec, model, tiny.tokenizer, tiny.device, tiny.dtype, "int4", info={"kernel": kernel}
-    )
+    # the info a checked quantization gives (engine.models.quantize.quantize_checked)
+    info = {"kernel": kernel, "rounds_activations": qk.KERNELS[kernel].rounds_activations}
+    return LoadedModel(tiny.spec, model, tiny.tokenizer, tiny.device, tiny.dtype, "int4", info=info)
 
 
 def test_a_block_quantized_target_drafts_and_gives_its_own_greedy_tokens(make_tiny):

@@ -11,7 +11,7 @@ import torch
 from engine.errors import SettingsError
 from engine.kernels import quant_kernels as qk
 from engine.kernels.quant_smoothing import fold_smoothing, input_channel_maxima
-from engine.models import quant_check as qc
+from engine.kernels import quant_check as qc
 from engine.models.quantize import precision_settings, quantize_checked
 from tests.tiny_models import build_tiny_llama
 

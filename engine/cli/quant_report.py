@@ -79,7 +79,7 @@ def chosen_kernels(names: str | None, device_type: str):
 def measure(loaded, kernels, args) -> dict:
     import copy
 
-    from engine.models import quant_check as qc
+    from engine.kernels import quant_check as qc
     from engine.models.memory import model_memory_bytes
 
     probes = qc.probe_inputs(loaded.tokenizer, loaded.device)

@@ -27,7 +27,7 @@ from torch import nn
 
 from engine.heads.head import DraftHead
 from engine.heads.training import chained_log_probs
-from engine.models import quant_check
+from engine.kernels import quant_check
 
 MIN_AGREEMENT = 0.95
 KERNEL = "head-int8-block-q8_0"

@@ -3,14 +3,14 @@
 A kernel is named `<mode>-<family>[-<variant>]`, for example `int8-dynamic-fbgemm` or
 `int4-weight-g32`. Every kernel quantizes the LM head too (it is untied from the embedding, which
 stays a float gather). Whether a kernel is *right* on this machine is not assumed here: the check in
-engine.models.quant_check compares its logits with the float model before it is used.
+engine.kernels.quant_check compares its logits with the float model before it is used.
 
 Families:
 - dynamic INT8 (`torch.ops.quantized.linear_dynamic` under one quantized engine): INT8 weights with a
   scale per output channel; activations quantized on each call with one scale for the call's input.
   Activation outliers are smoothed into the weights first (SmoothQuant, arXiv 2211.10438): input
   channel j is divided by s_j and weight column j multiplied by s_j, s_j = max|x_j|^a / max|w_j|^(1-a),
-  measured on the check's probe text (engine.models.quant_check), in the same forward that gives the
+  measured on the check's probe text (engine.kernels.quant_check), in the same forward that gives the
   float logits. `-plain` is torch.ao's stock `quantize_dynamic`, kept so
   the report can show what it does on this machine.
 - block INT8/INT4 (engine.kernels.block_quant): weights in blocks of 32 as in a GGUF's Q8_0 and

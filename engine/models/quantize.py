@@ -1,12 +1,10 @@
 """Quantized models: "none", "int8" or "int4", for a draft or (as its precision) for the target.
 
-A quantized model is never used unchecked. `quantize_checked` tries the kernels of
-engine.kernels.quant_kernels for the mode and device, fastest first (a brief microbenchmark of the
-model's own layer shapes, cached per machine), checks each against the float model on probe text
-(engine.models.quant_check, cached per model, kernel, torch version and CPU features) and keeps the
-first that passes. Which kernel, why, and the check's numbers go into LoadedModel.info:
-"kernel", "kernel_reason", "kernel_check" ({agreement, max_logit_error, ...}), "kernels_refused"
-and "quantization_note".
+A quantized model is never used unchecked: engine.kernels.kernel_choice picks the fastest kernel
+for the mode and device that passes the check against the float model, and says why. Which kernel,
+why, and the check's numbers go into LoadedModel.info: "kernel", "kernel_reason", "kernel_check"
+({agreement, max_logit_error, ...}), "kernels_refused", and from here "quantization_note".
+This module holds the precision settings, their notes, and the load-time (bitsandbytes) arguments.
 
 On CUDA the bitsandbytes modes (LLM.int8, NF4) quantize while loading; INT4 can also use torch's
 own int4pack kernel.
@@ -151,11 +149,11 @@ def cpu_int8_quantize(model, inplace: bool = True):
 # ---- choosing a kernel -----------------------------------------------------------------------
 
 
-def _kernel_note(mode: str, device, chosen, refused: list[dict]) -> str:
+def _kernel_note(mode: str, device, kernel: str, summary: str, refused: list[dict]) -> str:
     base = quantization_note(mode, device)
-    if chosen.name.startswith(("int8-weight", "int4-weight")):
+    if kernel.startswith(("int8-weight", "int4-weight")):
         base += " This weight-only kernel is slower than fp32 on most CPUs."
-    line = f"Kernel: {chosen.name} ({chosen.summary})."
+    line = f"Kernel: {kernel} ({summary})."
     if refused:
         why = "; ".join(f"{r['kernel']}: {r['reason']}" for r in refused)
         line += f" Not used here: {why}."
@@ -183,102 +181,15 @@ def quantize_loaded_model(model, tokenizer, folder, dtype, plan, progress=None):
 def quantize_checked(
     model, tokenizer, mode: str, device, folder=None, reload=None, kernels: list | None = None
 ):
-    """The float `model` quantized with the fastest kernel that passes the check here, and its info.
+    """The float `model` quantized with the fastest kernel that passes the check here, and its info
+    (engine.kernels.kernel_choice.choose_checked), with the note the settings show for it."""
+    from engine.kernels.kernel_choice import choose_checked
 
-    `model` is changed in place when the chosen kernel quantizes after loading. `reload(kernel)`
-    loads a load-time (bitsandbytes) kernel's model from the folder; without it those are skipped.
-    `kernels` replaces the candidate list and its order (by default: quant_kernels.candidates for
-    the mode and device, fastest first as measured here).
-    Raises SettingsError when no kernel for the mode runs correctly here.
-    """
-    import copy
-
-    from engine.kernels import quant_kernels as qk
-    from engine.models import quant_check as qc
-    from engine.models.kernel_speed import ranked_by_speed
-
-    device_type = getattr(device, "type", str(device))
-    fingerprint = qc.model_fingerprint(folder, getattr(model, "config", None))
-    cache = qc.read_cache()
-    ranked = kernels is None
-    if kernels is None:
-        kernels = qk.candidates(mode, device_type)
-    kernels = [k for k in kernels if reload is not None or not k.load_time]
-    refused: list[dict] = []
-    runnable = []
-    for kernel in kernels:
-        reason = kernel.unavailable_reason()
-        if reason is None:
-            runnable.append(kernel)
-        else:
-            refused.append({"kernel": kernel.name, "reason": f"unavailable ({reason})"})
-    speeds = ranked_by_speed(runnable, model, cache, fingerprint) if ranked else {}
-    ordered = runnable
-    if ranked:  # the fast path's kernels first, then by the microbenchmark's speed
-        ordered = sorted(runnable, key=lambda k: (not on_fast_path(k), speeds.get(k.name, float("inf"))))
-    probes = qc.probe_inputs(tokenizer, device)
-    maxima = reference = None  # from one float forward over the probes, only when needed
-    for kernel in ordered:
-        key = qc.machine_key(kernel.name, kernel.version, fingerprint)
-        cached = cache.get(key, {}).get("check")
-        if cached is not None and not cached["passed"]:
-            refused.append({"kernel": kernel.name, "reason": _failure(cached, mode), "check": cached})
-            continue
-        if (cached is None or kernel.smooth) and maxima is None:
-            maxima, reference = qc.reference_run(model, probes)
-        if kernel.load_time:
-            candidate = reload(kernel)
-        elif cached is not None:
-            candidate = kernel.build(model, maxima)
-        else:
-            candidate = kernel.build(copy.deepcopy(model), maxima)
-        if cached is None:
-            result = qc.check_against(reference, candidate, probes, mode).to_dict()
-            qc.write_cache_entry(key, {**cache.get(key, {}), "kernel": kernel.name, "check": result})
-            if not result["passed"]:
-                refused.append({"kernel": kernel.name, "reason": _failure(result, mode), "check": result})
-                del candidate
-                continue
-            cached = result
-        faster_than = [r["kernel"] for r in refused if "check" in r]
-        reason = "fastest kernel here" if not refused else "fastest kernel here that passed the check"
-        if on_fast_path(kernel) and any(
-            speeds.get(k.name, 0.0) < speeds.get(kernel.name, 0.0) for k in ordered
-        ):
-            reason = "the kernel the compiled fast path runs"
-        if faster_than:
-            reason += f" ({', '.join(faster_than)} failed it)"
-        info = {
-            "kernel": kernel.name,
-            "kernel_summary": kernel.summary,
-            "rounds_activations": kernel.rounds_activations,
-            "kernel_reason": reason,
-            "kernel_check": cached,
-            "kernel_estimated_ms": round(speeds[kernel.name], 3) if kernel.name in speeds else None,
-            "kernels_refused": refused,
-            "quantization_note": _kernel_note(mode, device, kernel, refused),
-        }
-        return candidate, info
-    why = "; ".join(f"{r['kernel']}: {r['reason']}" for r in refused) or "no kernel for this device"
-    raise SettingsError(f"No {mode.upper()} kernel runs correctly on this machine ({why}). Choose 'none'.")
-
-
-def on_fast_path(kernel) -> bool:
-    """Whether `kernel`'s layers run on the fused, compiled fast path here, vectorized. The layer
-    microbenchmark cannot see that: on an AVX-512 EPYC it ranked int8-dynamic-x86 first, and the
-    built-in INT8 target then decoded at 56 tok/s, against 92 on int8-block-q8_0."""
-    from engine.kernels import block_quant
-
-    return kernel.fast_path and kernel.device_type == "cpu" and block_quant.best_path() != "portable"
-
-
-def _failure(check: dict, mode: str) -> str:
-    from engine.models.quant_check import MIN_AGREEMENT
-
-    return (
-        f"failed the check: top-1 agreement {check['agreement']:.2f} with the float model "
-        f"(needs {MIN_AGREEMENT[mode]:.2f}), max logit error {check['max_logit_error']:.1f}"
+    model, info = choose_checked(model, tokenizer, mode, device, folder, reload, kernels)
+    info["quantization_note"] = _kernel_note(
+        mode, device, info["kernel"], info["kernel_summary"], info["kernels_refused"]
     )
+    return model, info
 
 
 def quantize_model(loaded, mode: str):

@@ -24,7 +24,7 @@ CHECKED_PRIOR_WEIGHT = 4.0
 
 def copy_acceptance_prior(target, draft) -> tuple[float, float] | None:
     """(p_0, p_after_accept) adaptive K starts from for `draft` (LoadedModels), where it is a quantized
-    copy of the float target: its check against the float model on probe text (engine.models.quant_check)
+    copy of the float target: its check against the float model on probe text (engine.kernels.quant_check)
     measured top-1 agreement, which is the share of its greedy tokens the target keeps. Without it
     a copy kept 96 % of the time started from a coin flip, and on a fresh start `auto` let the
     draft head, whose first rounds happened to be kept, draft the first dozen rounds of the first

@@ -76,7 +76,7 @@ def ranked_by_speed(
 
     Load-time kernels are not microbenchmarked: bitsandbytes stays the CUDA default and the CPU's last resort.
     """
-    from engine.models import quant_check as qc
+    from engine.kernels import quant_check as qc
 
     shapes = linear_shapes(model)
     shape_key = hashlib.sha256(repr(sorted(shapes.items())).encode()).hexdigest()[:12]

@@ -1,7 +1,7 @@
 """Sampling and drafting beside the chat: each change applies to the next reply, with no reload.
 
 The same settings as the Settings dialog's Speculation and Sampling tabs, and the same widgets
-(app/settings_pages.py: a combo or spin box takes the wheel only when focused). A change emits
+(app/form_widgets.py: a combo or spin box takes the wheel only when focused). A change emits
 `changed` with the whole new AppConfig; the window's loading controller applies it
 (LoadingController.apply_config), which reloads nothing for these fields.
 """
@@ -11,17 +11,9 @@ from __future__ import annotations
 import dataclasses
 
 from app.config import DRAFTERS, AppConfig
+from app.form_widgets import choices, double_spin, form_layout, note_label, select, spin
 from app.qt import QtWidgets, Signal, Slot
-from app.settings_pages import (
-    DRAFTER_LABELS,
-    TIPS,
-    choices,
-    double_spin,
-    form_layout,
-    note_label,
-    select,
-    spin,
-)
+from app.settings_pages import DRAFTER_LABELS, TIPS
 from engine.errors import SettingsError
 from engine.settings import MAX_K
 

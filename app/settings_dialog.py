@@ -15,8 +15,9 @@ from typing import Any
 
 from app.bridge import Probes
 from app.config import DRAFTERS, AppConfig
+from app.form_widgets import select, set_choices
 from app.qt import QtWidgets, Signal, Slot
-from app.settings_pages import DRAFTER_LABELS, SettingsWidgets, select, set_choices
+from app.settings_pages import DRAFTER_LABELS, SettingsWidgets
 from engine.errors import SettingsError, TandemError
 from engine.models import probes
 from engine.settings import needs_draft_model

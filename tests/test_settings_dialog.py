@@ -115,8 +115,8 @@ def test_apply_carries_drafter_and_k_and_persists_without_closing(qtbot, open_di
     dialog = open_dialog(AppConfig(drafter="ngram"))
     dialog.adaptive_box.setChecked(False)
     dialog.k_spin.setValue(5)
-    dialog.temperature_spin.setValue(0.7)
-    dialog.seed_spin.setValue(42)
+    dialog.sampling.temperature_spin.setValue(0.7)
+    dialog.sampling.seed_spin.setValue(42)
     dialog.system_prompt_edit.setPlainText("Answer briefly.")
     wait_until_applicable(qtbot, dialog)
     with qtbot.waitSignal(dialog.applied) as applied, qtbot.assertNotEmitted(dialog.finished):
@@ -148,7 +148,7 @@ def test_fields_show_the_given_config(open_dialog):
     config = AppConfig(drafter="ngram", k_mode="fixed", k=9, max_k=10, top_k=40, seed=None, temperature=1.5)
     dialog = open_dialog(config)
     assert dialog.config() == config
-    assert dialog.seed_spin.text() == "random"
+    assert dialog.sampling.seed_spin.text() == "random"
     assert dialog.k_spin.isEnabled()
 
 
@@ -363,7 +363,12 @@ def test_the_wheel_over_an_unfocused_field_changes_nothing(qtbot, open_dialog):
     dialog = open_dialog(AppConfig())
     dialog.show()
     qtbot.waitExposed(dialog)
-    fields = [dialog.quantization_combo, dialog.precision_combo, dialog.k_spin, dialog.temperature_spin]
+    fields = [
+        dialog.quantization_combo,
+        dialog.precision_combo,
+        dialog.k_spin,
+        dialog.sampling.temperature_spin,
+    ]
     before = [field.currentIndex() if hasattr(field, "currentIndex") else field.value() for field in fields]
     dialog.apply_button.setFocus()
     for field in fields:

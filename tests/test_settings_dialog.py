@@ -7,6 +7,8 @@ import pytest
 
 from app.config import STORE_KEY, AppConfig
 from app.qt import QtWidgets
+from app.sampling_fields import TIPS as SAMPLING_TIPS
+from app.sampling_panel import SamplingPanel
 from app.settings_dialog import APPLY_WHEN_CHECKED, CHECKING, SettingsDialog, SystemPromptDialog
 
 SWAPPED_IDS = (200, 201)
@@ -150,6 +152,17 @@ def test_fields_show_the_given_config(open_dialog):
     assert dialog.config() == config
     assert dialog.sampling.seed_spin.text() == "random"
     assert dialog.k_spin.isEnabled()
+
+
+def test_the_side_panel_shows_and_reads_the_sampling_fields_as_the_dialog_does(qtbot):
+    config = AppConfig(top_p=0.9, top_k=40, max_new_tokens=64, seed=7, temperature=1.5)
+    panel = SamplingPanel(config)
+    qtbot.addWidget(panel)
+    assert panel.config() == config
+    assert [w.toolTip() for w in panel.sampling.widgets()] == list(SAMPLING_TIPS.values())
+    with qtbot.waitSignal(panel.changed) as changed:
+        panel.sampling.seed_spin.setValue(-1)
+    assert changed.args[0].seed is None and panel.sampling.seed_spin.text() == "random"
 
 
 def test_an_invalid_setting_disables_apply_with_the_message(qtbot, open_dialog):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import html
 
+from app.form_widgets import ComboBox
 from app.qt import QtWidgets, Signal, Slot
-from app.settings_pages import ComboBox
 
 CONTEXT_TIP = (
     "Tokens of this conversation the model read and wrote at its last reply, of the {limit} it can "

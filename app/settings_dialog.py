@@ -15,8 +15,9 @@ from typing import Any
 
 from app.bridge import Probes
 from app.config import DRAFTERS, AppConfig
+from app.form_widgets import select, set_choices
 from app.qt import QtWidgets, Signal, Slot
-from app.settings_pages import DRAFTER_LABELS, SettingsWidgets, select, set_choices
+from app.settings_pages import DRAFTER_LABELS, SettingsWidgets
 from engine.errors import SettingsError, TandemError
 from engine.models import probes
 from engine.settings import needs_draft_model
@@ -105,7 +106,7 @@ class SettingsDialog(QtWidgets.QDialog):
 
     def config(self) -> AppConfig:
         """The config the widgets show now (not necessarily valid)."""
-        w, seed = self.w, self.w.seed_spin.value()
+        w = self.w
         return dataclasses.replace(
             self._config,
             backend="server" if w.server_radio.isChecked() else "local",
@@ -124,11 +125,7 @@ class SettingsDialog(QtWidgets.QDialog):
             max_k=w.max_k_spin.value(),
             p_min=round(w.p_min_spin.value(), 4),
             trees=w.trees_box.isChecked(),
-            temperature=round(w.temperature_spin.value(), 4),
-            top_p=round(w.top_p_spin.value(), 4),
-            top_k=w.top_k_spin.value(),
-            max_new_tokens=w.max_new_tokens_spin.value(),
-            seed=None if seed < 0 else seed,
+            **w.sampling.read(),
             stop_strings=w.stop_edit.toPlainText(),
             system_prompt=w.system_prompt_edit.toPlainText(),
             auto_titles=w.titles_box.isChecked(),
@@ -201,11 +198,7 @@ class SettingsDialog(QtWidgets.QDialog):
         w.max_k_spin.setValue(config.max_k)
         w.p_min_spin.setValue(config.p_min)
         w.trees_box.setChecked(config.trees)
-        w.temperature_spin.setValue(config.temperature)
-        w.top_p_spin.setValue(config.top_p)
-        w.top_k_spin.setValue(config.top_k)
-        w.max_new_tokens_spin.setValue(config.max_new_tokens)
-        w.seed_spin.setValue(-1 if config.seed is None else config.seed)
+        w.sampling.fill(config)
         w.stop_edit.setPlainText(config.stop_strings)
         w.system_prompt_edit.setPlainText(config.system_prompt)
         w.titles_box.setChecked(config.auto_titles)
@@ -228,9 +221,7 @@ class SettingsDialog(QtWidgets.QDialog):
             w.dtype_combo.currentIndexChanged, w.compiled_combo.currentIndexChanged,
             w.draft_on_cpu_box.toggled, w.adaptive_box.toggled, w.trees_box.toggled, w.server_radio.toggled,
             w.server_url_edit.textChanged, w.stop_edit.textChanged, w.k_spin.valueChanged,
-            w.max_k_spin.valueChanged, w.top_k_spin.valueChanged, w.max_new_tokens_spin.valueChanged,
-            w.seed_spin.valueChanged, w.p_min_spin.valueChanged, w.temperature_spin.valueChanged,
-            w.top_p_spin.valueChanged,
+            w.max_k_spin.valueChanged, w.p_min_spin.valueChanged, w.sampling.changed,
         ):  # fmt: skip
             signal.connect(self._refresh)
 

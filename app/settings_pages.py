@@ -6,7 +6,9 @@ No behaviour beyond layout here; app/settings_dialog.py reads and checks the val
 from __future__ import annotations
 
 from app.config import COMPILED, DTYPES, QUANTIZATIONS, TARGET_PRECISIONS
+from app.form_widgets import ComboBox, choices, double_spin, form_layout, note_label, spin
 from app.qt import Qt, QtWidgets, Signal
+from app.sampling_fields import SamplingFields
 from engine.settings import MAX_K
 
 HUB_NOTE = "A hub id (owner/name) is downloaded when the models load; the status bar shows its progress."
@@ -52,43 +54,11 @@ TIPS = {
     "the target's either way.",
     "p_min": "Stop drafting a round early once the draft's confidence in its next token falls below "
     "p_min (0 = never). Higher values waste less verify work on guesses the target would reject.",
-    "temperature": "0 always picks the most likely token (greedy); higher values vary the reply more.",
-    "top_p": "Sample only from the most likely tokens whose probabilities add up to p (1 = all).",
-    "top_k": "Sample only from the k most likely tokens (off = all).",
-    "max_new_tokens": "The longest reply, in tokens.",
-    "seed": "The same seed, prompt and settings give the same reply (random = a new one each time).",
     "stop": "The reply ends when it produces any of these strings, one per line; the string is not shown.",
     "system_prompt": "Sent before every new conversation; each conversation can override it.",
     "auto_titles": "After a conversation's first reply, the model writes a short title for it (a few "
     "tokens; a message you send meanwhile goes first). Off: the first message is the title.",
 }
-
-
-class _WheelOnlyWithFocus:
-    """A combo or spin box that takes the mouse wheel only once it has the focus (a click or Tab): an
-    unfocused one passes the wheel on, so the form under the pointer scrolls and no value changes."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # not WheelFocus: the wheel gives no focus
-
-    def wheelEvent(self, event):  # noqa: N802
-        if not self.hasFocus():
-            event.ignore()
-            return
-        super().wheelEvent(event)
-
-
-class ComboBox(_WheelOnlyWithFocus, QtWidgets.QComboBox):
-    pass
-
-
-class SpinBox(_WheelOnlyWithFocus, QtWidgets.QSpinBox):
-    pass
-
-
-class DoubleSpinBox(_WheelOnlyWithFocus, QtWidgets.QDoubleSpinBox):
-    pass
 
 
 class ModelPicker(QtWidgets.QWidget):
@@ -198,13 +168,7 @@ class SettingsWidgets:
         self.p_min_spin = double_spin(0.0, 0.99, 0.05)
         self.trees_box = QtWidgets.QCheckBox("Token trees")
 
-        self.temperature_spin = double_spin(0.0, 5.0, 0.1)
-        self.top_p_spin = double_spin(0.01, 1.0, 0.05)
-        self.top_k_spin = spin(0, 100_000)
-        self.top_k_spin.setSpecialValueText("off")
-        self.max_new_tokens_spin = spin(1, 1_000_000)
-        self.seed_spin = spin(-1, 2**31 - 1)
-        self.seed_spin.setSpecialValueText("random")
+        self.sampling = SamplingFields()
         self.stop_edit = QtWidgets.QPlainTextEdit()
         self.stop_edit.setPlaceholderText("one stop string per line")
         self.stop_edit.setMaximumHeight(60)
@@ -223,17 +187,17 @@ class SettingsWidgets:
             (self.draft_on_cpu_box, "draft_on_cpu"), (self.device_combo, "device"),
             (self.dtype_combo, "dtype"), (self.compiled_combo, "compiled"),
             (self.adaptive_box, "adaptive"), (self.k_spin, "k"), (self.max_k_spin, "max_k"),
-            (self.p_min_spin, "p_min"), (self.trees_box, "trees"), (self.temperature_spin, "temperature"), (self.top_p_spin, "top_p"),
-            (self.top_k_spin, "top_k"), (self.max_new_tokens_spin, "max_new_tokens"),
-            (self.seed_spin, "seed"), (self.stop_edit, "stop"), (self.system_prompt_edit, "system_prompt"),
+            (self.p_min_spin, "p_min"), (self.trees_box, "trees"),
+            (self.stop_edit, "stop"), (self.system_prompt_edit, "system_prompt"),
             (self.titles_box, "auto_titles"),
         ):  # fmt: skip
             widget.setToolTip(TIPS[tip])
 
     def option_widgets(self) -> list[QtWidgets.QWidget]:
         """Every input the user sets (each has a tooltip)."""
-        return [w for w in vars(self).values() if isinstance(w, (QtWidgets.QAbstractButton, QtWidgets.QComboBox,
-                QtWidgets.QAbstractSpinBox, QtWidgets.QLineEdit, QtWidgets.QPlainTextEdit))]  # fmt: skip
+        own = [w for w in vars(self).values() if isinstance(w, (QtWidgets.QAbstractButton, QtWidgets.QComboBox,
+               QtWidgets.QAbstractSpinBox, QtWidgets.QLineEdit, QtWidgets.QPlainTextEdit))]  # fmt: skip
+        return [*own, *self.sampling.widgets()]
 
     def tabs(self) -> QtWidgets.QTabWidget:
         tabs = QtWidgets.QTabWidget()
@@ -284,23 +248,11 @@ class SettingsWidgets:
 
     def _sampling_form(self) -> QtWidgets.QFormLayout:
         form = form_layout()
-        form.addRow("Temperature:", self.temperature_spin)
-        form.addRow("Top-p:", self.top_p_spin)
-        form.addRow("Top-k:", self.top_k_spin)
-        form.addRow("Max new tokens:", self.max_new_tokens_spin)
-        form.addRow("Seed:", self.seed_spin)
+        self.sampling.add_rows(form)
         form.addRow("Stop strings:", self.stop_edit)
         form.addRow("Default system prompt:", self.system_prompt_edit)
         form.addRow("", self.titles_box)
         return form
-
-
-def form_layout() -> QtWidgets.QFormLayout:
-    form = QtWidgets.QFormLayout()
-    # Long notes wrap under their field instead of widening the dialog past the screen.
-    form.setRowWrapPolicy(QtWidgets.QFormLayout.RowWrapPolicy.WrapLongRows)
-    form.setFieldGrowthPolicy(QtWidgets.QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-    return form
 
 
 def scrolled(form: QtWidgets.QFormLayout) -> QtWidgets.QScrollArea:
@@ -315,61 +267,3 @@ def scrolled(form: QtWidgets.QFormLayout) -> QtWidgets.QScrollArea:
     area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     area.setWidget(page)
     return area
-
-
-def choices(options: dict[str, str]) -> QtWidgets.QComboBox:
-    combo = ComboBox()
-    set_choices(combo, options)
-    return combo
-
-
-def set_choices(combo: QtWidgets.QComboBox, options: dict[str, str]) -> None:
-    """Replace the options, keeping the current one when it is still offered."""
-    current = combo.currentData()
-    combo.blockSignals(True)
-    combo.clear()
-    for value, label in options.items():
-        combo.addItem(label, value)
-    combo.blockSignals(False)
-    select(combo, current if current in options else next(iter(options)))
-
-
-def select(combo: QtWidgets.QComboBox, value: str) -> None:
-    index = combo.findData(value)
-    combo.setCurrentIndex(max(index, 0))
-
-
-def spin(low: int, high: int) -> QtWidgets.QSpinBox:
-    box = SpinBox()
-    box.setRange(low, high)
-    return box
-
-
-def double_spin(low: float, high: float, step: float) -> QtWidgets.QDoubleSpinBox:
-    box = DoubleSpinBox()
-    box.setRange(low, high)
-    box.setSingleStep(step)
-    box.setDecimals(2)
-    return box
-
-
-class NoteLabel(QtWidgets.QLabel):
-    """A wrapped note under a field, hidden while empty."""
-
-    def setText(self, text: str) -> None:  # noqa: N802
-        super().setText(text)
-        if text and self.parent() is None:
-            return  # showing a label without a parent would open it as a window of its own
-        self.setVisible(bool(text))
-
-
-def note_label(text: str = "") -> QtWidgets.QLabel:
-    label = NoteLabel(text)
-    label.setHidden(not text)
-    label.setWordWrap(True)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-    # taller than its text at times (a wrapped label's hint guesses a narrow width), never cut; the
-    # text sits under its field and any spare height below it
-    label.setSizePolicy(QtWidgets.QSizePolicy.Policy.Preferred, QtWidgets.QSizePolicy.Policy.MinimumExpanding)
-    label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
-    return label

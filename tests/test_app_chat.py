@@ -158,14 +158,14 @@ def test_sampling_beside_the_chat_applies_to_the_next_reply_without_a_load(qtbot
     calls: list = []
     window = open_window(qtbot, store, engine, calls)
     panel = window.sampling_panel
-    panel.temperature_spin.setValue(0.8)
+    panel.sampling.temperature_spin.setValue(0.8)
     panel.drafter_combo.setCurrentIndex(panel.drafter_combo.findData("ngram"))
     send(qtbot, window, "hi")
     assert engine.sampling.temperature == 0.8 and engine.speculation.drafter == "ngram"
     assert len(calls) == 1 and AppConfig.load(store).temperature == 0.8
     window.open_settings()  # the dialog opens on what the panel set
     dialog = visible_dialogs(window)[0]
-    assert dialog.temperature_spin.value() == 0.8
+    assert dialog.sampling.temperature_spin.value() == 0.8
 
 
 # --- 5. what LM Studio, Jan and GPT4All users expect ---------------------------------------------

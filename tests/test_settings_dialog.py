@@ -7,6 +7,8 @@ import pytest
 
 from app.config import STORE_KEY, AppConfig
 from app.qt import QtWidgets
+from app.sampling_fields import TIPS as SAMPLING_TIPS
+from app.sampling_panel import SamplingPanel
 from app.settings_dialog import APPLY_WHEN_CHECKED, CHECKING, SettingsDialog, SystemPromptDialog
 
 SWAPPED_IDS = (200, 201)
@@ -115,8 +117,8 @@ def test_apply_carries_drafter_and_k_and_persists_without_closing(qtbot, open_di
     dialog = open_dialog(AppConfig(drafter="ngram"))
     dialog.adaptive_box.setChecked(False)
     dialog.k_spin.setValue(5)
-    dialog.temperature_spin.setValue(0.7)
-    dialog.seed_spin.setValue(42)
+    dialog.sampling.temperature_spin.setValue(0.7)
+    dialog.sampling.seed_spin.setValue(42)
     dialog.system_prompt_edit.setPlainText("Answer briefly.")
     wait_until_applicable(qtbot, dialog)
     with qtbot.waitSignal(dialog.applied) as applied, qtbot.assertNotEmitted(dialog.finished):
@@ -148,8 +150,19 @@ def test_fields_show_the_given_config(open_dialog):
     config = AppConfig(drafter="ngram", k_mode="fixed", k=9, max_k=10, top_k=40, seed=None, temperature=1.5)
     dialog = open_dialog(config)
     assert dialog.config() == config
-    assert dialog.seed_spin.text() == "random"
+    assert dialog.sampling.seed_spin.text() == "random"
     assert dialog.k_spin.isEnabled()
+
+
+def test_the_side_panel_shows_and_reads_the_sampling_fields_as_the_dialog_does(qtbot):
+    config = AppConfig(top_p=0.9, top_k=40, max_new_tokens=64, seed=7, temperature=1.5)
+    panel = SamplingPanel(config)
+    qtbot.addWidget(panel)
+    assert panel.config() == config
+    assert [w.toolTip() for w in panel.sampling.widgets()] == list(SAMPLING_TIPS.values())
+    with qtbot.waitSignal(panel.changed) as changed:
+        panel.sampling.seed_spin.setValue(-1)
+    assert changed.args[0].seed is None and panel.sampling.seed_spin.text() == "random"
 
 
 def test_an_invalid_setting_disables_apply_with_the_message(qtbot, open_dialog):
@@ -363,7 +376,12 @@ def test_the_wheel_over_an_unfocused_field_changes_nothing(qtbot, open_dialog):
     dialog = open_dialog(AppConfig())
     dialog.show()
     qtbot.waitExposed(dialog)
-    fields = [dialog.quantization_combo, dialog.precision_combo, dialog.k_spin, dialog.temperature_spin]
+    fields = [
+        dialog.quantization_combo,
+        dialog.precision_combo,
+        dialog.k_spin,
+        dialog.sampling.temperature_spin,
+    ]
     before = [field.currentIndex() if hasattr(field, "currentIndex") else field.value() for field in fields]
     dialog.apply_button.setFocus()
     for field in fields:

@@ -36,12 +36,25 @@ def needs_draft_model(drafter: str) -> bool:
 # context; never more than the model's own. The cache is allocated at this size when the model loads.
 DEFAULT_CONTEXT_TOKENS = 8192
 MIN_CONTEXT_TOKENS = 256
+UNNAMED_CONTEXT_TOKENS = 2048  # for model configs that do not name their context length
 
 
 def check_context(tokens: int | None) -> None:
     """SettingsError unless `tokens` is None (the default context) or a context the cache can hold."""
     if tokens is not None and tokens < MIN_CONTEXT_TOKENS:
         raise SettingsError(f"The context must be at least {MIN_CONTEXT_TOKENS} tokens, not {tokens}.")
+
+
+def context_length_of(config) -> int:
+    """The context a model's config declares, or UNNAMED_CONTEXT_TOKENS where it names none."""
+    return int(getattr(config, "max_position_embeddings", None) or UNNAMED_CONTEXT_TOKENS)
+
+
+def cache_tokens_for(config, context: int | None = None) -> int:
+    """Tokens of static KV buffer for a model: the context chosen (`context`, by default
+    DEFAULT_CONTEXT_TOKENS), never more than the model's own context."""
+    check_context(context)
+    return min(context_length_of(config), context or DEFAULT_CONTEXT_TOKENS)
 
 
 @dataclass

@@ -374,8 +374,7 @@ def test_quantized_draft_runs_eagerly_with_notice(make_tiny):
 def test_static_buffers_hold_the_models_whole_context_up_to_the_default(make_tiny):
     """A conversation past 2048 tokens runs on the fast path, as far as the model's own context when
     that is shorter than the default context; a longer one gets the default, not its own maximum."""
-    from engine.models.memory import cache_tokens_for
-    from engine.settings import DEFAULT_CONTEXT_TOKENS
+    from engine.settings import DEFAULT_CONTEXT_TOKENS, cache_tokens_for
 
     loaded = make_tiny(seed=5)
     loaded.model.config.max_position_embeddings = 4096

@@ -8,11 +8,11 @@ import torch
 
 from engine.errors import ContextOverflowError, SettingsError
 from engine.kernels.cpu_features import has_avx2, has_f16c
-from engine.models.memory import cache_tokens_for, estimate_memory, kv_cache_bytes
+from engine.models.memory import estimate_memory, kv_cache_bytes
 from engine.runtime.attention import attend_rows, rows_unavailable_reason
 from engine.runtime.fastpath import FastRunner
 from engine.runtime.kv_cache import cache_bytes
-from engine.settings import DEFAULT_CONTEXT_TOKENS
+from engine.settings import DEFAULT_CONTEXT_TOKENS, cache_tokens_for
 
 needs_kernel = pytest.mark.skipif(
     not (has_avx2() and has_f16c()), reason="this CPU has no AVX2 and F16C, where the row kernel runs"

@@ -115,7 +115,7 @@ def test_free_memory_is_read():
 
 def test_the_estimate_is_at_the_context_the_engine_gives_the_target():
     """One context figure: the memory line counts the KV cache the runner allocates, not a guess."""
-    from engine.models.memory import cache_tokens_for
+    from engine.settings import cache_tokens_for
 
     estimate = estimate_memory(QWEN_7B, QWEN_05B, device="cpu", available={"cpu": 64 * GIB})
     assert estimate.context_length == cache_tokens_for(QWEN_7B)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from engine.errors import SettingsError
+from engine.kernels import quant_check as qc
 from engine.kernels import quant_kernels as qk
 from engine.kernels.quant_smoothing import fold_smoothing, input_channel_maxima
-from engine.kernels import quant_check as qc
 from engine.models.quantize import precision_settings, quantize_checked
 from tests.tiny_models import build_tiny_llama
 

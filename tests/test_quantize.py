@@ -5,11 +5,11 @@ import torch
 from torch import nn
 
 from engine.errors import SettingsError
+from engine.kernels.quant_check import MIN_AGREEMENT, check_against, probe_inputs, reference_run
 from engine.kernels.quant_kernels import KERNELS, candidates, int4_cpu_unavailable_reason
 from engine.models.builtin import DEFAULT_TARGET
 from engine.models.loading import load_config, load_model
 from engine.models.memory import estimate_weight_bytes
-from engine.kernels.quant_check import MIN_AGREEMENT, check_against, probe_inputs, reference_run
 from engine.models.quantize import (
     _reloader,
     precision_note,
@@ -54,8 +54,7 @@ def test_notes_for_the_settings_panel():
 def test_the_fast_paths_kernel_comes_before_a_faster_measured_one(builtin_model, monkeypatch):
     """The layer microbenchmark ranked int8-dynamic-x86 first on an AVX-512 EPYC, and the INT8 target
     decoded at 56 tok/s on it against 92 on the block kernel, which the compiled fast path runs."""
-    from engine.kernels import block_quant
-    from engine.kernels import kernel_speed
+    from engine.kernels import block_quant, kernel_speed
 
     def block_kernels_last(kernels, *args):
         return {k.name: 99.0 if k.fast_path else 1.0 for k in kernels}

@@ -1,4 +1,4 @@
-"""A loaded model and the device/dtype helpers; imports nothing else from the engine."""
+"""A loaded model and the device/dtype helpers; of the engine it imports engine.settings alone."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_CONTEXT = 2048  # for configs that do not name their context length
+from engine.settings import context_length_of
 
 
 @dataclass
@@ -105,8 +105,3 @@ def resolve_dtype(dtype: str, device) -> Any:
         "float16": torch.float16,
         "fp16": torch.float16,
     }[dtype]
-
-
-def context_length_of(config) -> int:
-    """The context a model's config declares, or DEFAULT_CONTEXT where it names none."""
-    return int(getattr(config, "max_position_embeddings", None) or DEFAULT_CONTEXT)

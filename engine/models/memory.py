@@ -155,16 +155,6 @@ def kv_dtype_on(device: str, model_dtype: Any, gguf_blocks: bool) -> Any:
     return "float16" if gguf_blocks and str(device).startswith("cpu") else model_dtype
 
 
-def cache_tokens_for(config, context: int | None = None) -> int:
-    """Tokens of static KV buffer for a model: the context chosen (`context`, by default
-    engine.settings.DEFAULT_CONTEXT_TOKENS), never more than the model's own context."""
-    from engine.models.loaded import context_length_of
-    from engine.settings import DEFAULT_CONTEXT_TOKENS, check_context
-
-    check_context(context)
-    return min(context_length_of(config), context or DEFAULT_CONTEXT_TOKENS)
-
-
 def available_memory_bytes(device: str = "cpu") -> int:
     """Free GPU memory (CUDA) or MemAvailable from /proc/meminfo (CPU)."""
     import torch
@@ -243,6 +233,7 @@ def estimate_memory(
     `context_length` tokens, by default the context the engine gives the target (cache_tokens_for).
     `target_weight_bytes`: the target's weights where they are known (a GGUF file run as it is)."""
     from engine.models.loaded import resolve_device
+    from engine.settings import cache_tokens_for
 
     if context_length is None:
         context_length = cache_tokens_for(target_config)

@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from engine.models.loaded import context_length_of
+from engine.settings import context_length_of
 
 
 def ids_on(device: torch.device, ids) -> torch.Tensor:

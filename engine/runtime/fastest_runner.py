@@ -6,11 +6,11 @@ from collections.abc import Iterable
 
 import torch
 
-from engine.models.memory import cache_tokens_for
 from engine.runtime.eager import ModelRunner
 from engine.runtime.fastpath import FastRunner
 from engine.runtime.protocol import Runner
 from engine.runtime.static_forward import unsupported_reason
+from engine.settings import cache_tokens_for
 
 
 def make_runner(
@@ -22,7 +22,7 @@ def make_runner(
     (ChatEngine.prepare and optimize_in_background): on a small CPU the first build takes a minute
     or more. "on" compiles now wherever it can, "off" never compiles. Models the fast path does not
     support get the generic runner; `runner.notice` says so. `context`: the tokens its cache holds,
-    prompt and reply together (engine.models.memory.cache_tokens_for: by default the default context,
+    prompt and reply together (engine.settings.cache_tokens_for: by default the default context,
     never more than the model's own).
     """
     if compiled not in ("auto", "on", "off"):

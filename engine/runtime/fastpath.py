@@ -22,13 +22,13 @@ from torch import Tensor
 
 from engine.events import ProgressCallback
 from engine.kernels.block_quant import prefill_chunk_for, rounds_activations_per_row
-from engine.models.memory import cache_tokens_for
 from engine.runtime.attention import EXACT_ROWS
 from engine.runtime.compile_cache import compiler_missing, is_quantized_module
 from engine.runtime.cuda_graphs import GraphedForward, graph_size, graph_window
 from engine.runtime.eager import ModelRunner, ids_on
 from engine.runtime.precompiled import PrecompiledForward, saving_supported
 from engine.runtime.static_forward import FastLlama, causal_mask, tree_inputs
+from engine.settings import cache_tokens_for
 
 # Longest prompt piece one eager forward reads (bounds the attention scores' memory).
 EAGER_PREFILL_CHUNK = 512

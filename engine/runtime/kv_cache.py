@@ -9,7 +9,7 @@ rounded values, so speculative decoding stays exact: greedy output is what the t
 this cache. Elsewhere (SDPA on a GPU or a CPU without the kernel) the buffers keep the model's dtype,
 which SDPA reads without a copy.
 
-They hold as many positions as the context chosen (engine.models.memory.cache_tokens_for), not the
+They hold as many positions as the context chosen (engine.settings.cache_tokens_for), not the
 model's own maximum: 131,072 positions of a Llama 3 model are 4.3 GB at float32, more than its weights.
 """
 

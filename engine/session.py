@@ -7,7 +7,6 @@ replace `engine.speculation` / `engine.decoding.sampling` between replies.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import traceback
 from collections.abc import Callable
@@ -33,18 +32,17 @@ from engine.events import Event, Failed, Finished, ProgressCallback
 from engine.models.chat_template import chat_prompt_ids
 from engine.models.loaded import LoadedModel
 from engine.models.quantize import no_drafting_note
+from engine.runtime import calibration
 from engine.runtime.cache_transfer import shares_cache_layout
-from engine.runtime.calibration import CALIBRATION_SIZES
 from engine.runtime.fastest_runner import make_runner
 from engine.runtime.protocol import Runner
-from engine.runtime.threads import ThreadChooser, threads_set_to
+from engine.runtime.threads import ThreadChooser
 from engine.settings import SamplingSettings, SpeculationSettings
 from engine.stats import GenerationStats
 
 if TYPE_CHECKING:
     from engine.decoding.drafters.head import HeadDrafter
 
-CALIBRATION_TOKENS = 64
 SUFFIX_HISTORY_LEAD = 8  # tokens of the prompt before a reply that go into the suffix index with it
 # Verify forwards of K+1 tokens compiled ahead when compilation is on; other sizes run eagerly.
 COMPILED_VERIFY_SIZES = (2, 3, 5)
@@ -213,63 +211,27 @@ class ChatEngine:
         """Seconds per plain target step (one token, warm cache) on this device; measured once per engine.
 
         Also measures the target's forward time over 2..17 new tokens, which adaptive K starts from.
-        The curve is kept per machine and model (engine/runtime/calibration.py), so a second start reads
-        it back; `progress("Measuring this machine", 0, 1)` is reported only when it is measured.
-        On a CPU it is measured, and keyed, on the steady thread count (ThreadChooser.steady), not on
-        the count the last reply chose from the load: a curve measured after a reply ran on one thread
-        was stored under one thread, and the next start, on two, measured the machine again.
+        The curve is kept per machine and model, so a second start reads it back
+        (engine.runtime.calibration.read_back_or_measure); `progress("Measuring this machine", 0, 1)`
+        is reported only when it is measured.
         """
         if self._step_time_s is None:
-            steady = self.threads.steady if self.threads is not None else None
-            with threads_set_to(steady) if steady else contextlib.nullcontext():
-                self._calibrate(progress, use_cache)
+            runner = self._runner  # the engine's own: the figures are those of the path that generates
+            self._cached_tokens = []  # measuring empties the target cache
+            seconds = calibration.read_back_or_measure(self.target, runner, self.threads, progress, use_cache)
+            self._verify_curve = VerifyCostCurve()
+            self._verify_curve.seconds = seconds
+            self._step_time_s = seconds[1]
         return self._step_time_s
-
-    def _calibrate(self, progress, use_cache: bool) -> None:
-        from engine.runtime import calibration
-
-        runner = self._runner  # the engine's own: the figures are those of the path that generates
-        seconds = calibration.read_back_or_measure(
-            calibration.calibration_key(self.target, runner),
-            lambda sizes, repeats: self._measure(runner, sizes, repeats),
-            self._busy_for_measuring,
-            progress,
-            use_cache,
-        )
-        self._verify_curve = VerifyCostCurve()
-        self._verify_curve.seconds = seconds
-        self._step_time_s = seconds[1]
-
-    def _busy_for_measuring(self) -> bool:
-        """Whether other programs keep the CPU too busy for a measurement to be better than the stored
-        curve (calibration.BUSY_OTHERS_CORES). A shape that disagrees then says more about this
-        moment's load than about the curve, and measuring again under that load took a restart 30 s
-        (twice: the uncompiled path, then the compiled one) and stored no better a curve; the stored
-        one is kept, rescaled, and every round's verify refines it."""
-        from engine.runtime import calibration
-
-        if self.threads is None:
-            return False
-        others = self.threads.others_busy_now()
-        return others is not None and others > calibration.BUSY_OTHERS_CORES
-
-    def _measure(self, runner, sizes, repeats: int = 3) -> dict[int, float]:
-        """Seconds per forward over n new tokens after a short prompt, for n in `sizes`; the cache is emptied."""
-        runner.reset()
-        self._cached_tokens = []
-        # A context shorter than the calibration takes a shorter prompt (measure skips sizes past it).
-        tokens = max(1, min(CALIBRATION_TOKENS, runner.context_length - max(CALIBRATION_SIZES)))
-        runner.prefill([(1000 + i) % runner.vocab_size for i in range(tokens)])
-        seconds = VerifyCostCurve().measure(runner, sizes, repeats=repeats).seconds
-        runner.reset()
-        return seconds
 
     def measure_forwards(self, sizes, repeats: int = 3, draft: bool = False) -> dict[int, float]:
         """Seconds per forward over n new tokens, for n in `sizes`, on the target (or the draft model's
         runner), measured now; the caches are emptied (a bench's cost figures)."""
         with self._lock:
             runner = self._draft_runner if draft else self._runner
-            return {} if runner is None else self._measure(runner, sizes, repeats)
+            if runner is self._runner:
+                self._cached_tokens = []
+            return {} if runner is None else calibration.time_forwards(runner, sizes, repeats)
 
     def prepare(self, progress=None) -> None:
         """Work before the first reply, so that it does not wait: compiles the forwards (when compilation

@@ -68,7 +68,7 @@ def test_a_curve_stored_while_the_machine_was_busy_is_rescaled_at_the_next_start
         checks.append(tuple(sizes))
         return {n: quiet[n] for n in sizes}
 
-    monkeypatch.setattr(engine, "_measure", measure_now)
+    monkeypatch.setattr(calibration, "time_forwards", measure_now)
     assert stages_of(engine) == []  # still no full measurement
     assert checks == [calibration.CHECK_SIZES]  # one quick check
     assert engine.calibrate() == pytest.approx(quiet[1])
@@ -134,7 +134,7 @@ def test_a_stored_curve_of_the_wrong_shape_is_measured_again(cache_file, target,
     def engine_measuring_the_first_curve() -> ChatEngine:
         engine = ChatEngine(target)
         monkeypatch.setattr(
-            engine, "_measure", lambda runner, sizes, repeats=3: {n: measured[n] for n in sizes}
+            calibration, "time_forwards", lambda runner, sizes, repeats=3: {n: measured[n] for n in sizes}
         )
         return engine
 

@@ -6,7 +6,6 @@ not always monotone, so adaptive K (engine.decoding.adaptive) works from this me
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_left
 from collections import deque
 from statistics import median
@@ -180,23 +179,6 @@ class VerifyCostCurve:
         lo, hi = (sizes[-2], sizes[-1]) if i == len(sizes) else (sizes[i - 1], sizes[i])
         slope = max((self.seconds[hi] - self.seconds[lo]) / (hi - lo), 0.0)
         return self.seconds[lo] + slope * (n - lo)
-
-    def measure(self, runner, sizes=(1, 2, 4, 8), repeats: int = 3) -> VerifyCostCurve:
-        """Times forwards over n new tokens on `runner` (its cache must hold some context), then rolls back."""
-        length = runner.cache_length
-        for n in sizes:
-            if length + n > runner.context_length:
-                break
-            times = []
-            for _ in range(repeats + 1):  # the first run warms up this shape
-                start = time.perf_counter()
-                runner.forward([0] * n)
-                runner.synchronize()
-                times.append(time.perf_counter() - start)
-                runner.rollback(length)
-            # the fastest run: other load on the machine only ever adds time
-            self.seconds[n] = min(times[1:])
-        return self
 
     def to_dict(self) -> dict[int, float]:
         return dict(sorted(self.seconds.items()))

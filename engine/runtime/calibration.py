@@ -16,6 +16,7 @@ that cannot be read is treated as empty, so a damaged cache only costs one new m
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 from engine.paths import cache_dir
+from engine.runtime.threads import ThreadChooser, threads_set_to
 
 FILE_NAME = "calibration.json"
 MAX_AGE_S = 7 * 24 * 3600
@@ -42,6 +44,7 @@ BUSY_OTHERS_CORES = 0.5
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17)
 STORED_CURVE_TOLERANCE = 1.5  # a stored curve whose single step is off by more than this is saved rescaled
 CHECK_REPEATS = 5
+CALIBRATION_TOKENS = 64  # the prompt a curve is measured after
 
 
 def cache_path() -> Path:
@@ -181,31 +184,74 @@ def shape_agrees(stored: dict[int, float], now: dict[int, float]) -> bool:
     return True
 
 
-def read_back_or_measure(key: str, measure, busy, progress=None, use_cache: bool = True) -> dict[int, float]:
-    """The verify-cost curve for `key` (seconds per forward over n new tokens): the stored one where it
-    still fits this machine, else a new measurement, saved. `measure(sizes, repeats)` times forwards
-    now; `busy()` says whether other programs keep the CPU too busy for a new measurement to beat the
-    stored curve; progress("Measuring this machine", 0, 1) is reported only when it measures.
+def read_back_or_measure(
+    target, runner, threads: ThreadChooser | None = None, progress=None, use_cache: bool = True
+) -> dict[int, float]:
+    """The verify-cost curve of `target` (a LoadedModel) on `runner`, seconds per forward over n new
+    tokens: the stored
+    one where it still fits this machine, else a new measurement, saved; the runner's cache is
+    emptied. On a CPU (`threads`) it is measured, and keyed, on the steady thread count
+    (ThreadChooser.steady), not on the count the last reply chose from the load: a curve measured after
+    a reply ran on one thread was stored under one thread, and the next start, on two, measured the
+    machine again. progress("Measuring this machine", 0, 1) is reported only when it measures.
 
     A curve stored while other programs loaded the machine (or before a CPU change) would make every
     estimate wrong. A quick check of a single step and of one verify size (well under a second)
     rescales it when the machine is faster or slower, and has it measured again when its shape is off:
-    t(4) / t(1) is what adaptive K trades on.
+    t(4) / t(1) is what adaptive K trades on. Where other programs keep the CPU busy
+    (BUSY_OTHERS_CORES), a shape that disagrees says more about this moment's load than about the
+    curve, and measuring again under that load took a restart 30 s (twice: the uncompiled path, then
+    the compiled one) and stored no better a curve; the stored one is kept, rescaled, and every
+    round's verify refines it.
     """
-    stored = load(key) if use_cache else None
-    if stored is not None:
-        now = measure(CHECK_SIZES, CHECK_REPEATS)
-        if not shape_agrees(stored, now):
-            # a moment of load can bend one quick measurement: only a second one confirms it
-            now = measure(CHECK_SIZES, CHECK_REPEATS)
-        ratio = now[1] / stored[1]
-        if shape_agrees(stored, now) or busy():
-            rescaled = {n: t * ratio for n, t in stored.items()}
-            if not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
-                save(key, rescaled)
-            return rescaled
-    if progress is not None:
-        progress("Measuring this machine", 0, 1)
-    seconds = measure(CALIBRATION_SIZES, 3)
-    save(key, seconds)
+    steady = threads.steady if threads is not None else None
+    with threads_set_to(steady) if steady else contextlib.nullcontext():
+        key = calibration_key(target, runner)
+        stored = load(key) if use_cache else None
+        if stored is not None:
+            now = time_forwards(runner, CHECK_SIZES, CHECK_REPEATS)
+            if not shape_agrees(stored, now):
+                # a moment of load can bend one quick measurement: only a second one confirms it
+                now = time_forwards(runner, CHECK_SIZES, CHECK_REPEATS)
+            ratio = now[1] / stored[1]
+            if shape_agrees(stored, now) or _busy(threads):
+                rescaled = {n: t * ratio for n, t in stored.items()}
+                if not 1 / STORED_CURVE_TOLERANCE <= ratio <= STORED_CURVE_TOLERANCE:
+                    save(key, rescaled)
+                return rescaled
+        if progress is not None:
+            progress("Measuring this machine", 0, 1)
+        seconds = time_forwards(runner, CALIBRATION_SIZES, 3)
+        save(key, seconds)
+        return seconds
+
+
+def _busy(threads: ThreadChooser | None) -> bool:
+    if threads is None:
+        return False
+    others = threads.others_busy_now()
+    return others is not None and others > BUSY_OTHERS_CORES
+
+
+def time_forwards(runner, sizes, repeats: int = 3) -> dict[int, float]:
+    """Seconds per forward over n new tokens after a short prompt, for n in `sizes` (sizes past the
+    runner's context are skipped): the fastest of `repeats` runs after one that warms the shape up,
+    since other load on the machine only ever adds time. The runner's cache is emptied."""
+    runner.reset()
+    # A context shorter than the calibration takes a shorter prompt.
+    tokens = max(1, min(CALIBRATION_TOKENS, runner.context_length - max(CALIBRATION_SIZES)))
+    runner.prefill([(1000 + i) % runner.vocab_size for i in range(tokens)])
+    length, seconds = runner.cache_length, {}
+    for n in sizes:
+        if length + n > runner.context_length:
+            break
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            runner.forward([0] * n)
+            runner.synchronize()
+            times.append(time.perf_counter() - start)
+            runner.rollback(length)
+        seconds[n] = min(times[1:])
+    runner.reset()
     return seconds

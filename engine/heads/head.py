@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.errors import IncompatibleDraftError, ModelFormatError
+from engine.kernels.weight_rows import float_rows
 
 HEAD_CONFIG = "config.json"
 HEAD_WEIGHTS = "model.safetensors"
@@ -287,8 +288,7 @@ def target_fingerprint(model) -> str:
     with torch.no_grad():
         embedding = model.get_input_embeddings()
         every_97th = torch.arange(0, embedding.num_embeddings, 97)
-        rows = embedding.rows(every_97th) if hasattr(embedding, "rows") else embedding.weight[every_97th]
-        rows = rows.detach().to("cpu", torch.bfloat16)
+        rows = float_rows(embedding, every_97th).detach().to("cpu", torch.bfloat16)
         digest.update(rows.view(torch.int16).numpy().tobytes())
         digest.update(
             model.model.norm.weight.detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes()
@@ -353,18 +353,13 @@ def eagle3_config(raw: dict, target_config) -> HeadConfig:
 
 def head_rows(linear, ids: torch.Tensor, folder) -> torch.Tensor:
     """Rows `ids` of the target's LM head as float32 on the CPU, dequantized where it is quantized."""
-    if hasattr(linear, "rows"):  # a GGUF file's own blocks: only these rows (engine.kernels.gguf_quant)
-        return linear.rows(ids).to("cpu", torch.float32)
-    if isinstance(getattr(linear, "weight", None), torch.Tensor):
-        weight = linear.weight.detach()
-    elif hasattr(linear, "dequantized_weight"):
-        weight = linear.dequantized_weight()
-    else:
+    rows = float_rows(linear, ids)
+    if rows is None:
         raise ModelFormatError(
             f"The draft head in {folder} reads the target's LM head, and this target's quantized head "
             f"({type(linear).__name__}) does not give its weights back. Use an fp32 or INT4 target."
         )
-    return weight[ids.to(weight.device)].to("cpu", torch.float32)
+    return rows.to("cpu", torch.float32)
 
 
 def load_head(folder: Path | str, target_model, device=None, dtype=None) -> DraftHead:

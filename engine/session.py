@@ -37,7 +37,7 @@ from engine.runtime.cache_transfer import shares_cache_layout
 from engine.runtime.fastest_runner import make_runner
 from engine.runtime.protocol import Runner
 from engine.runtime.threads import ThreadChooser
-from engine.settings import SamplingSettings, SpeculationSettings
+from engine.settings import SamplingSettings, SpeculationSettings, cache_tokens_for
 from engine.stats import GenerationStats
 
 if TYPE_CHECKING:
@@ -70,7 +70,8 @@ class ChatEngine:
         self.speculation = speculation or SpeculationSettings()
         self.sampling = sampling or SamplingSettings()
         self.chosen_context = context
-        self._runner = make_runner(target.model, target.device, compiled, COMPILED_VERIFY_SIZES, context)
+        tokens = cache_tokens_for(target.model.config, context)
+        self._runner = make_runner(target.model, target.device, compiled, COMPILED_VERIFY_SIZES, tokens)
         self._cached_tokens: list[int] = []  # the target cache holds _cached_tokens[: _runner.cache_length]
         self._lock = threading.Lock()
         # a CPU reply runs on the cores other programs leave free (engine.runtime.threads)
@@ -113,7 +114,8 @@ class ChatEngine:
             self.draft = draft
             self._model_drafter = None
             if draft is not None:
-                runner = make_runner(draft.model, draft.device, self.compiled, context=self.context_length)
+                tokens = cache_tokens_for(draft.model.config, self.context_length)
+                runner = make_runner(draft.model, draft.device, self.compiled, tokens=tokens)
                 target = self._runner
                 donor = target if shares_cache_layout(target, runner) else None  # it reads prompts from it
                 prior = copy_acceptance_prior(self.target, draft)

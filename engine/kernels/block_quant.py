@@ -189,20 +189,3 @@ def shares_buffers(layers: list[BlockQuantLinear], fused: BlockQuantLinear) -> b
             return False
         start += layer.out_features
     return start == fused.out_features
-
-
-def rounds_activations_per_row(module: nn.Module) -> bool:
-    """Whether `module`'s layers round activations per row, alike whatever the number of rows (block
-    layers, and layers on a GGUF file's own blocks): a forward's verify rows are then bit for bit its
-    one-token steps only if attention is too."""
-    from engine.kernels.gguf_quant import GGUFLinear
-
-    return any(type(child) in (BlockQuantLinear, GGUFLinear) for child in module.modules())
-
-
-def prefill_chunk_for(model: nn.Module) -> int:
-    """Prompt tokens per forward: 32, or more where block-quantized layers switch to a float GEMM
-    above the sizes decoding and verification use (INTEGER_ROWS)."""
-    if any(type(m) is BlockQuantLinear for m in model.modules()):
-        return 2 * INTEGER_ROWS
-    return 32

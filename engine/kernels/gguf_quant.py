@@ -193,9 +193,3 @@ class GGUFParts(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
-
-
-def all_gguf(modules) -> bool:
-    """All of `modules` GGUF layers on one code path, so that they run as one layer's projections."""
-    modules = list(modules)
-    return all(type(m) is GGUFLinear for m in modules) and len({m.path for m in modules}) == 1

@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from engine.settings import context_length_of
+from engine.settings import DEFAULT_CONTEXT_TOKENS, context_length_of
 
 
 def ids_on(device: torch.device, ids) -> torch.Tensor:
@@ -35,11 +35,13 @@ class ModelRunner:
     is_compiled = False
     verify_limit: int | None = None  # any number of tokens verifies in one forward
 
-    def __init__(self, model, device: torch.device | None = None):
+    def __init__(self, model, device: torch.device | None = None, tokens: int | None = None):
+        """`tokens`: the positions a conversation may hold (None: the default context, never more
+        than the model's own; engine.settings.cache_tokens_for gives it for a context chosen)."""
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.vocab_size = output_vocab_size(model)
-        self.context_length = context_length_of(model.config)
+        self.context_length = tokens or min(context_length_of(model.config), DEFAULT_CONTEXT_TOKENS)
         self.cache = None
         self.cache_length = 0
         self.notice = ""  # why this runner is not the fastest path, for the user

@@ -21,14 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from engine.events import ProgressCallback
-from engine.kernels.block_quant import prefill_chunk_for, rounds_activations_per_row
 from engine.runtime.attention import EXACT_ROWS
 from engine.runtime.compile_cache import compiler_missing, is_quantized_module
 from engine.runtime.cuda_graphs import GraphedForward, graph_size, graph_window
 from engine.runtime.eager import ModelRunner, ids_on
+from engine.runtime.layer_forms import prefill_chunk_for, rounds_activations_per_row
 from engine.runtime.precompiled import PrecompiledForward, saving_supported
 from engine.runtime.static_forward import FastLlama, causal_mask, tree_inputs
-from engine.settings import cache_tokens_for
 
 # Longest prompt piece one eager forward reads (bounds the attention scores' memory).
 EAGER_PREFILL_CHUNK = 512
@@ -59,8 +58,8 @@ class FastRunner(ModelRunner):
         precompiled_folder: Path | None = None,
         kv_dtype: torch.dtype | None = None,
     ):
-        super().__init__(model, device)
-        self.max_seq_length = self.context_length = max_seq_length or cache_tokens_for(model.config)
+        super().__init__(model, device, max_seq_length)
+        self.max_seq_length = self.context_length
         self.fast = FastLlama(model, self.max_seq_length, kv_dtype).eval()
         self.prefill_chunk = prefill_chunk or prefill_chunk_for(model)
         self.compiled_sizes = sorted({1, self.prefill_chunk, *verify_sizes})

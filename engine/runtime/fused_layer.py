@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from engine.kernels import native_ops
 from engine.kernels.block_quant import BlockQuantLinear, concatenated, shares_buffers
-from engine.kernels.gguf_quant import GGUFParts, all_gguf
+from engine.kernels.gguf_quant import GGUFLinear, GGUFParts
 from engine.runtime import row_linear
 from engine.runtime.attention import attend, attend_rows
 
@@ -42,6 +42,12 @@ def _plain_linear(module) -> bool:
         and not hasattr(module, "_hf_hook")  # accelerate's offloading moves weights at call time
         and module.weight.device.type != "meta"
     )
+
+
+def all_gguf(modules) -> bool:
+    """All of `modules` GGUF layers on one code path, so that they run as one layer's projections."""
+    modules = list(modules)
+    return all(type(m) is GGUFLinear for m in modules) and len({m.path for m in modules}) == 1
 
 
 def _same_block_quant(modules) -> bool:
@@ -167,12 +173,14 @@ class FusedLayer(nn.Module):
         self.qkv_quant = self.gate_up_quant = None  # fused block-quantized projections, if quantized
         self.block_types: list[int] = []  # GGUF parts' block types, in decoder_layer.cpp's order
         cached = _FUSED.get(layer)
-        if all_gguf(qkv + gate_up + [attn.o_proj, mlp.down_proj]):
+        on_gguf = all_gguf(qkv + gate_up + [attn.o_proj, mlp.down_proj])
+        on_blocks = not on_gguf and _same_block_quant(qkv + gate_up)
+        if on_gguf:
             self.qkv_quant, self.gate_up_quant = GGUFParts(qkv), GGUFParts(gate_up)
             parts = qkv + [attn.o_proj] + gate_up + [mlp.down_proj]
             self.block_types = [part.block_type for part in parts]
             qkv_weight = qkv_bias = gate_up_weight = None
-        elif _same_block_quant(qkv + gate_up):
+        elif on_blocks:
             if cached is None or not (shares_buffers(qkv, cached[0]) and shares_buffers(gate_up, cached[1])):
                 cached = _FUSED[layer] = (concatenated(qkv), concatenated(gate_up))
             self.qkv_quant, self.gate_up_quant = cached

@@ -18,7 +18,6 @@ from typing import cast
 
 import torch
 
-from engine.decoding.detok import IncrementalDetokenizer
 from engine.decoding.drafters import (
     BeginsRequests,
     Cancelled,
@@ -30,6 +29,7 @@ from engine.decoding.drafters import (
     empty_draft,
 )
 from engine.decoding.planner import DraftPlanner, Plan
+from engine.decoding.reply_stream import ReplyStream
 from engine.decoding.round_record import plain_probe_due, record_round, time_round
 from engine.decoding.sampling import (
     PositionNoise,
@@ -40,9 +40,8 @@ from engine.decoding.sampling import (
     probs_from_logits,
     sample,
 )
-from engine.decoding.stop import StopMatcher
 from engine.decoding.tree import verify_tree
-from engine.events import Event, Finished, RoundStats, TextPiece, TokenSpan
+from engine.events import Event, Finished, RoundStats
 from engine.runtime.eager import ids_on
 from engine.runtime.protocol import Runner, TreeRunner
 from engine.settings import SamplingSettings, SpeculationSettings
@@ -270,9 +269,6 @@ def generate(
         if (reader := capability(member, ReadsTargetFeatures)) is not None and reader.wants_hidden
     ]
     target.capture_hidden = readers[0].wants_hidden if readers else ()
-    detok = IncrementalDetokenizer(tokenizer)
-    stops = StopMatcher(sampling.stop)
-    streamed: list[str] = []
     # Token trees for greedy decoding only. A tree's nodes are fixed candidates that the target's own
     # sample must hit: unseeded sampling checks a chain by rejection sampling instead, which keeps more
     # draft tokens than a match of two independent samples would. Seeded sampling draws both from one
@@ -284,58 +280,26 @@ def generate(
     stats.k_mode = "fixed" if not speculation.adaptive else "adaptive"
     stats.prompt_tokens = len(prompt_ids)
     base_note = stats.note
-    context = list(prompt_ids)
-    started = time.perf_counter()
-
-    def finish(reason) -> Finished:
-        if stops.stopped:
-            text = "".join(streamed)  # everything before the stop string, and nothing of it
-        else:
-            held = stops.flush()  # text that could have begun a stop string, and did not
-            if held:
-                emit(TextPiece(tuple(held)))
-            text = detok.text + detok.finish()
-        stats.total_time_s = time.perf_counter() - started
-        emit(RoundStats(stats.copy()))
-        finished = Finished(reason, text, tuple(context[len(prompt_ids) :]), stats.copy())
-        emit(finished)
-        return finished
-
-    def publish(tokens: list[int], provenance: list[str]) -> str | None:
-        """Appends tokens to the context and streams their text; returns "eos" or "stop" when one of
-        them ends the reply (an end token, or the text reaching a stop string)."""
-        end = next((i for i, token in enumerate(tokens) if token in eos_ids), None)
-        if end is not None:
-            tokens, provenance = tokens[: end + 1], provenance[: end + 1]
-        shown: list[TokenSpan] = []
-        reason = "eos" if end is not None else None
-        for token, origin in zip(tokens, provenance, strict=True):
-            context.append(token)
-            stats.generated_tokens += 1
-            shown.extend(stops.feed([TokenSpan(token, detok.add(token), origin)]))
-            if stops.stopped:
-                reason = "stop"
-                break
-        streamed.extend(span.text for span in shown)
-        emit(TextPiece(tuple(shown)))
-        return reason
+    reply = ReplyStream(prompt_ids, tokenizer, eos_ids, sampling.stop, stats, emit)
+    context = reply.context  # the prompt and the reply so far: the one list the stream appends to
+    started = reply.started
 
     if cancel is not None and cancel.is_set():
-        return finish("cancelled")
+        return reply.finish("cancelled")
     stats.prefill_tokens = len(prompt_ids) - min(target.cache_length, len(prompt_ids) - 1)
     try:
         first_token = prefill(target, prompt_ids, sampling, generator, noise, cancel)
     except Cancelled:
-        return finish("cancelled")
+        return reply.finish("cancelled")
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - started
     if cancel is not None and cancel.is_set():
-        return finish("cancelled")
+        return reply.finish("cancelled")
     for reader in readers:
         reader.observe_target(target.last_hidden, prompt_ids + [first_token])
-    reason = publish([first_token], ["target"])
+    reason = reply.publish([first_token], ["target"])
     if reason is not None:
         rollback_target_to_context(target, context)
-        return finish(reason)
+        return reply.finish(reason)
     readers_of_prompts = [
         r for member in planner.drafters if (r := capability(member, ReadsPrompt)) is not None
     ]
@@ -349,13 +313,13 @@ def generate(
                 if not (planner.plain and member.prompt_can_wait):
                     member.prefill(prompt_ids)
         except Cancelled:
-            return finish("cancelled")
+            return reply.finish("cancelled")
         stats.prefill_time_s += time.perf_counter() - drafter_started
 
     while True:
         budget = min(sampling.max_new_tokens - stats.generated_tokens, target.context_length - len(context))
         if budget <= 0:
-            return finish("max_tokens")
+            return reply.finish("max_tokens")
         # a runner may verify at most so many tokens at once (FastRunner.verify_limit)
         most = target.verify_limit
         limit = budget - 1 if most is None else min(budget, most) - 1
@@ -376,12 +340,12 @@ def generate(
                 tree_room=plan.tree_room if trees else None,
             )
         except Cancelled:
-            return finish("cancelled")
+            return reply.finish("cancelled")
         planner.observe(plan, result)
         provenance = ["draft"] * result.num_accepted
         provenance.append("bonus" if result.drafted and result.num_accepted == result.drafted else "target")
         before = len(context)
-        reason = publish(result.tokens, provenance)
+        reason = reply.publish(result.tokens, provenance)
         record_round(stats, planner, plan, result, kept=len(context) - before)
         stats.note = " ".join(filter(None, [base_note, planner.note()]))
         for reader in readers:
@@ -390,10 +354,10 @@ def generate(
         stats.total_time_s = time.perf_counter() - started
         if reason is not None:
             rollback_target_to_context(target, context)
-            return finish(reason)
+            return reply.finish(reason)
         emit(RoundStats(stats.copy()))
         if cancel is not None and cancel.is_set():
-            return finish("cancelled")
+            return reply.finish("cancelled")
 
 
 def rollback_target_to_context(target: Runner, context: list[int]) -> None:

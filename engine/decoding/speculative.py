@@ -41,7 +41,7 @@ from engine.decoding.sampling import (
     sample,
 )
 from engine.decoding.tree import verify_tree
-from engine.events import Event, Finished, RoundStats
+from engine.events import Event, Finished, PrefillProgress, RoundStats
 from engine.runtime.eager import ids_on
 from engine.runtime.protocol import Runner, TreeRunner
 from engine.settings import SamplingSettings, SpeculationSettings
@@ -211,19 +211,47 @@ class RoundClock:
 PREFILL_CHUNK = 512  # prompt tokens per target forward; cancelling is checked between chunks
 
 
+class PrefillMeter:
+    """Reports a long prompt's reading as PrefillProgress events: how far it is, and the time left at
+    the speed of the chunks read so far."""
+
+    def __init__(self, total: int, prompt_tokens: int, emit: Callable[[Event], None]):
+        self.total, self.prompt_tokens, self.emit = total, prompt_tokens, emit
+        self.read = 0
+        self.started = time.perf_counter()
+        emit(PrefillProgress(0, total, None, prompt_tokens))
+
+    def advance(self, tokens: int) -> None:
+        self.read += tokens
+        seconds = time.perf_counter() - self.started
+        left = seconds / self.read * (self.total - self.read)
+        self.emit(PrefillProgress(self.read, self.total, left, self.prompt_tokens))
+
+
 def prefill(
-    target: Runner, prompt_ids: list[int], sampling: SamplingSettings, generator, noise=None, cancel=None
+    target: Runner,
+    prompt_ids: list[int],
+    sampling: SamplingSettings,
+    generator,
+    noise=None,
+    cancel=None,
+    on_event: Callable[[Event], None] | None = None,
 ) -> int:
     """Brings the target cache from prompt_ids[:cache_length] to the whole prompt; returns the first token.
 
     The prompt goes in PREFILL_CHUNK tokens at a time, and a set `cancel` raises Cancelled between
-    chunks, so a long prompt can be stopped within one chunk's forward."""
+    chunks, so a long prompt can be stopped within one chunk's forward. A prompt of more than one
+    chunk reports its progress to `on_event` (PrefillMeter), each chunk waited for so it is timed."""
     keep = min(target.cache_length, len(prompt_ids) - 1)
     target.rollback(keep)
     rest = prompt_ids[keep:]
     chunks = [rest[start : start + PREFILL_CHUNK] for start in range(0, len(rest), PREFILL_CHUNK)]
+    meter = PrefillMeter(len(rest), len(prompt_ids), on_event) if on_event and len(chunks) > 1 else None
     for chunk in chunks[:-1]:
         target.prefill(chunk)
+        if meter is not None:
+            target.synchronize()
+            meter.advance(len(chunk))
         if cancel is not None and cancel.is_set():
             raise Cancelled
     logits = target.prefill(chunks[-1])  # [V]
@@ -234,7 +262,10 @@ def prefill(
         first = coupled_sample(probs, noise.race(len(prompt_ids), 1, probs.size(-1))[0])
     else:
         first = sample(probs, generator)
-    return int(first.item())
+    first_token = int(first.item())
+    if meter is not None:
+        meter.advance(len(chunks[-1]))
+    return first_token
 
 
 def generate(
@@ -288,7 +319,7 @@ def generate(
         return reply.finish("cancelled")
     stats.prefill_tokens = len(prompt_ids) - min(target.cache_length, len(prompt_ids) - 1)
     try:
-        first_token = prefill(target, prompt_ids, sampling, generator, noise, cancel)
+        first_token = prefill(target, prompt_ids, sampling, generator, noise, cancel, on_event)
     except Cancelled:
         return reply.finish("cancelled")
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - started

@@ -32,7 +32,7 @@ from app.engine_factory import (
 from app.qt import QObject, QThread, Signal, Slot
 from app.titles import title_messages, title_sampling
 from engine.errors import TandemError
-from engine.events import Failed, Finished, Progress, RoundStats, TextPiece
+from engine.events import Failed, Finished, PrefillProgress, Progress, RoundStats, TextPiece
 from engine.settings import SamplingSettings, SpeculationSettings
 
 
@@ -121,6 +121,7 @@ class EngineWorker(QObject):
 
     loaded = Signal(object)  # EngineInfo of the engine that answers from now on
     progress = Signal(str, int, int)  # what a reply waits for (Progress events)
+    reading = Signal(object)  # PrefillProgress: how far a long prompt is read, before the first token
     piece = Signal(object)  # TextPiece
     round_stats = Signal(object)  # GenerationStats, a copy the GUI may keep
     finished = Signal(object)  # Finished
@@ -162,6 +163,8 @@ class EngineWorker(QObject):
                 failure.append(event)
             elif isinstance(event, Progress):
                 self.progress.emit(event.stage, event.done, event.total)
+            elif isinstance(event, PrefillProgress):
+                self.reading.emit(event)
 
         try:
             result = self._engine.respond(messages, on_event=on_event, cancel=cancel)

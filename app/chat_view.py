@@ -193,6 +193,11 @@ class ChatView(QtWidgets.QWidget):
         if self.streaming is not None:
             self.streaming.append_spans(spans)
 
+    def show_reading(self, text: str) -> None:
+        """How far the model has read the message, in the reply's placeholder until its text begins."""
+        if self.streaming is not None:
+            self.streaming.show_reading(text)
+
     def finish_streaming(self, text: str, status: str, stats: dict | None) -> None:
         """The reply ended: show its final text, status and stats."""
         widget = self.streaming

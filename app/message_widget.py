@@ -224,14 +224,22 @@ class MessageWidget(QtWidgets.QFrame):
                 error = html.escape(visible(str((message.stats or {}).get("error", "The reply failed."))))
                 body += f'<p style="color:{self.theme.error};">{error}</p>'
         if message.status == "streaming" and not message.text:
-            body = f'<p style="color:{self.theme.muted};">…</p>'
+            reading = html.escape(message.extra.get("reading", "…"))  # a long prompt being read
+            body = f'<p style="color:{self.theme.muted};">{reading}</p>'
         elif message.status == "waiting":
             body = f'<p style="color:{self.theme.muted};">{WAITING_TEXT}</p>'
         self.browser.setHtml(body)
         if self.coloured and message.spans and message.text:
             colour_document(self.browser.document(), message.text, message.spans, self.theme)
 
+    def show_reading(self, text: str) -> None:
+        """How far the prompt is read, shown in place of "…" until the reply's first text arrives."""
+        self.message.extra["reading"] = text
+        if not self.message.text:
+            self.render()
+
     def append_spans(self, spans: list[tuple[str, str]]) -> None:
+        self.message.extra.pop("reading", None)
         self.message.text += "".join(text for text, _ in spans)
         if self.message.spans is None:
             self.message.spans = []

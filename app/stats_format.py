@@ -41,6 +41,8 @@ SPEEDUP_TOOLTIP = (
 # verdicts that come with a figure
 SPEED_VERDICTS = ("faster", "about the same", "slower")
 UNREPORTED = "not reported by this server"
+# a prompt this long takes long enough to read that the footer under its reply says how fast it was read
+LONG_PROMPT_TOKENS = 512
 # which GenerationStats names each shown value is computed from
 SOURCES = {
     "k": ("current_k",),
@@ -48,6 +50,7 @@ SOURCES = {
     "mean_accepted": ("mean_accepted_length", "accepted_lengths"),
     "tokens_per_s": ("decode_tokens_per_s", "tokens_per_s"),
     "ttft": ("ttft_s",),
+    "prompt_speed": ("prefill_time_s", "prefill_tokens"),
     "time_split": ("draft_time_s", "verify_time_s"),
     "trees": ("tree_rounds", "off_chain_rounds"),
     "speedup": ("speedup",),
@@ -65,6 +68,7 @@ FIELDS = (
     ("mean_accepted", "Mean accepted length"),
     ("tokens_per_s", "Decode speed"),
     ("ttft", "Time to first token"),
+    ("prompt_speed", "Prompt reading"),
     ("time_split", "Draft / verify time"),
     ("trees", "Token trees"),
     ("speedup", "Speed-up vs target"),
@@ -106,6 +110,13 @@ def tokens_per_second(stats: GenerationStats) -> float | None:
     return stats.decode_tokens_per_s
 
 
+def prompt_speed_text(stats: GenerationStats) -> str:
+    """e.g. "prompt read at 1,234 tok/s": the prompt tokens this reply computed over the time they took
+    (those an earlier turn left cached are not counted); "" when it read none, or none was timed."""
+    speed = stats.prefill_tokens_per_s
+    return "" if speed is None else f"prompt read at {speed:,.0f} tok/s"
+
+
 def speedup_text(stats: GenerationStats) -> str:
     """The speed-up in the panel's words; the footer and the Markdown export say the same."""
     verdict = stats.verdict
@@ -133,6 +144,7 @@ def format_stats(stats: GenerationStats) -> dict[str, str]:
         "mean_accepted": _number(stats.mean_accepted_length if drafted else None, "{:.2f} tokens/round"),
         "tokens_per_s": _number(tokens_per_second(stats), "{:.1f} tok/s"),
         "ttft": _number(stats.ttft_s, "{:.2f} s"),
+        "prompt_speed": prompt_speed_text(stats) or DASH,
         "time_split": _time_split(stats) if drafted else DASH,
         "trees": _trees(stats),
         "speedup": speedup_text(stats),
@@ -182,6 +194,9 @@ def footer_line(stats: GenerationStats | dict) -> str:
         parts.append(speedup_text(stats).replace(" (", " vs target alone (", 1))
     elif stats.verdict == "plain":
         parts.append("decoded plainly")
+    prompt_speed = prompt_speed_text(stats) if "prefill_time_s" not in stats.unreported else ""
+    if prompt_speed and stats.prefill_tokens >= LONG_PROMPT_TOKENS:
+        parts.append(prompt_speed)
     if stats.drafter:
         parts.append("automatic drafter" if stats.drafter == "auto" else describe_drafter(stats.drafter))
     return " · ".join(parts)

@@ -38,6 +38,7 @@ class ReplyController(QObject):
         self.pending: PendingReply | None = None
         self.unsaved: dict[int, UnsavedReply] = {}  # finished replies the store refused, by message id
         worker = self.bridge.worker
+        worker.reading.connect(self._on_reading)
         worker.piece.connect(self._on_piece)
         worker.round_stats.connect(self._on_round_stats)
         worker.finished.connect(self._on_finished)
@@ -129,6 +130,16 @@ class ReplyController(QObject):
             self.window.update_controls()
 
     # --- engine events ---------------------------------------------------------------------------
+
+    @Slot(object)
+    def _on_reading(self, progress) -> None:
+        """A long prompt being read (PrefillProgress): how far, in the reply's placeholder, and the
+        prompt's size in the context meter, which otherwise waits for the first round's figures."""
+        reply, window = self.reply, self.window
+        if reply is None or window.conversation_id != reply.conversation_id:
+            return
+        window.chat_view.show_reading(f"Reading your message: {progress.summary()}")
+        window.header.set_usage(progress.prompt_tokens)
 
     @Slot(object)
     def _on_piece(self, piece) -> None:

@@ -73,4 +73,28 @@ class Progress:
     total: int
 
 
-Event = TextPiece | RoundStats | Finished | Failed | Progress
+@dataclass(frozen=True)
+class PrefillProgress:
+    """Sent while a long prompt is read, before its reply's first token: once before the first chunk
+    (`seconds_left` None: nothing measured yet), then after each chunk, the last with read == total.
+    `read` and `total` count the prompt tokens this reply computes (those an earlier turn left in the
+    cache are not read again); `prompt_tokens` is the whole prompt, what the context holds once read.
+    `seconds_left` is estimated from the speed of the chunks read so far."""
+
+    read: int
+    total: int
+    seconds_left: float | None
+    prompt_tokens: int
+
+    def summary(self) -> str:
+        """e.g. "1,536 of 6,129 tokens · about 40 s left": the words every view shows it with."""
+        text = f"{self.read:,} of {self.total:,} tokens"
+        left = self.seconds_left
+        if left is None or self.read >= self.total:
+            return text
+        if left < 60:
+            return f"{text} · about {max(1, round(left))} s left"
+        return f"{text} · about {round(left / 60)} min left"
+
+
+Event = TextPiece | RoundStats | Finished | Failed | Progress | PrefillProgress

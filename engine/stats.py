@@ -87,6 +87,15 @@ class GenerationStats:
         return self.generated_tokens / self.total_time_s if self.total_time_s > 0 else None
 
     @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """Prompt tokens read per second: the tokens computed (not those cached) over the prompt's time."""
+        return (
+            self.prefill_tokens / self.prefill_time_s
+            if self.prefill_tokens and self.prefill_time_s > 0
+            else None
+        )
+
+    @property
     def decode_tokens_per_s(self) -> float | None:
         decode = self.decode_time_s
         return self.generated_tokens / decode if decode > 0 else None

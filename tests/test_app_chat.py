@@ -372,3 +372,56 @@ def test_quitting_while_a_message_waits_for_the_model_keeps_it(qtbot, store):
     QtCore.QTimer.singleShot(200, gate.set)  # the loader stops at its next stage
     window.close()
     assert [(m.role, m.content) for m in store.thread(window.conversation_id)] == [("user", "Kept?")]
+
+
+# --- a long message is read with visible progress ------------------------------------------------
+
+
+def test_a_long_message_shows_how_far_it_is_read_and_the_reply_is_unchanged(qtbot, store, make_tiny):
+    """A real ChatEngine on a tiny model: a message of more than one prefill chunk shows "Reading your
+    message: … of … tokens" in the reply's placeholder and the prompt's size in the context meter while
+    it is read, and the reply is the one the same engine writes with nobody listening."""
+    from engine.session import ChatEngine
+
+    target = make_tiny(seed=0)
+    engine = ChatEngine(target, compiled="off")
+    asked: list[list[dict]] = []
+    respond = engine.respond
+
+    def recording(messages, on_event=None, cancel=None):
+        asked.append(messages)
+        return respond(messages, on_event, cancel)
+
+    engine.respond = recording
+
+    def factory(request, progress):
+        info = EngineInfo(request.target, None, "cpu", "fp32", context_length=engine.context_length)
+        return engine, info
+
+    config = AppConfig(target="tiny", draft="", drafter="ngram", max_new_tokens=8, auto_titles=False)
+    window = MainWindow(store, config, engine_factory=factory)
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.models_loaded, timeout=30000):
+        window.load_models()
+    seen: list[tuple[str, str]] = []  # the placeholder's text and the context meter's, at each report
+
+    def look(_progress) -> None:  # connected after the window's own slot: sees what it showed
+        widget = window.chat_view.streaming
+        seen.append((widget.browser.toPlainText() if widget else "", window.header.context_text()))
+
+    window.bridge.worker.reading.connect(look)
+    assert send(qtbot, window, "The cat sat on the mat. " * 100, timeout=120000) == "complete"
+
+    prompt_tokens = len(engine.prompt_ids(asked[0]))
+    assert prompt_tokens > 512  # more than one chunk
+    assert seen and seen[0][0].startswith(f"Reading your message: 0 of {prompt_tokens:,} tokens")
+    assert any(
+        text.startswith(f"Reading your message: 512 of {prompt_tokens:,} tokens · about ") for text, _ in seen
+    )
+    assert all(meter == f"{prompt_tokens:,} / {engine.context_length:,} tokens" for _, meter in seen)
+    reply = store.thread(window.conversation_id)[-1]
+    quiet = ChatEngine(make_tiny(seed=0), compiled="off")
+    quiet.speculation, quiet.sampling = engine.speculation, engine.sampling
+    assert reply.content == quiet.respond(asked[0]).text and reply.content
+    assert window.stats_panel.value_text("prompt_speed").startswith("prompt read at ")
+    assert "prompt read at " in window.chat_view.widgets[-1].stats_label.text()

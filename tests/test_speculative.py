@@ -480,3 +480,61 @@ def test_suffix_drafter_with_history_drafts_the_earlier_reply_and_stays_exact(
     finished = run(target, drafter, prompt_ids, k=None)
     assert_greedy_equal(target.model, prompt_ids, list(finished.token_ids), reference)
     assert finished.stats.accepted >= NEW_TOKENS // 2
+
+
+# --- a long prompt's reading, reported chunk by chunk --------------------------------------------
+
+
+def test_a_prompt_of_several_chunks_reports_its_reading_and_a_short_one_nothing(target, monkeypatch):
+    """PrefillProgress once before the first chunk (no time estimate yet), then after every chunk,
+    `read` rising to the total; the reply is the same with or without a listener."""
+    from engine.decoding import speculative
+    from engine.events import PrefillProgress
+
+    monkeypatch.setattr(speculative, "PREFILL_CHUNK", 16)
+    long_prompt = target.tokenizer(PROMPT * 3, add_special_tokens=False).input_ids
+    assert len(long_prompt) > 2 * 16
+    sampling = SamplingSettings(max_new_tokens=8)
+    events = []
+    finished = run(target, [], long_prompt, sampling=sampling, on_event=events.append)
+    reading = [event for event in events if isinstance(event, PrefillProgress)]
+    reads = [event.read for event in reading]
+    assert reads == sorted(set(reads)) and reads[0] == 0 and reads[-1] == len(long_prompt)
+    assert len(reading) == -(-len(long_prompt) // 16) + 1  # one before the first chunk, one after each
+    assert {(event.total, event.prompt_tokens) for event in reading} == {(len(long_prompt), len(long_prompt))}
+    assert reading[0].seconds_left is None
+    assert all(event.seconds_left is not None and event.seconds_left >= 0 for event in reading[1:])
+    assert reading[-1].seconds_left == 0
+    assert events.index(reading[-1]) < next(i for i, e in enumerate(events) if isinstance(e, TextPiece))
+    assert finished.token_ids == run(target, [], long_prompt, sampling=sampling).token_ids
+
+    short = long_prompt[:16]
+    events = []
+    run(target, [], short, sampling=sampling, on_event=events.append)
+    assert not any(isinstance(event, PrefillProgress) for event in events)
+
+
+def test_reading_counts_only_the_prompt_tokens_not_cached(target, monkeypatch):
+    from engine.decoding import speculative
+    from engine.events import PrefillProgress
+
+    monkeypatch.setattr(speculative, "PREFILL_CHUNK", 16)
+    prompt = target.tokenizer(PROMPT * 3, add_special_tokens=False).input_ids
+    runner = ModelRunner(target.model)
+    runner.prefill(prompt[:20])  # an earlier turn left the first 20 tokens in the cache
+    events = []
+    run(
+        target, [], prompt, sampling=SamplingSettings(max_new_tokens=2), on_event=events.append, runner=runner
+    )
+    reading = [event for event in events if isinstance(event, PrefillProgress)]
+    assert reading[-1].read == reading[-1].total == len(prompt) - 20
+    assert reading[-1].prompt_tokens == len(prompt)
+
+
+def test_the_reading_is_worded_with_the_time_left():
+    from engine.events import PrefillProgress
+
+    assert PrefillProgress(0, 6129, None, 6129).summary() == "0 of 6,129 tokens"
+    assert PrefillProgress(1536, 6129, 39.6, 6129).summary() == "1,536 of 6,129 tokens · about 40 s left"
+    assert PrefillProgress(512, 6129, 150, 6200).summary() == "512 of 6,129 tokens · about 2 min left"
+    assert PrefillProgress(6129, 6129, 0.0, 6129).summary() == "6,129 of 6,129 tokens"

@@ -262,3 +262,21 @@ def test_the_target_alone_reads_one_and_about_the_same_is_neither_faster_nor_slo
     panel.update_stats(even)
     assert panel.value_text("speedup") == "×0.99 (about the same, measured in this reply)"
     assert "faster" not in footer_line(even) and "slower" not in footer_line(even)
+
+
+def test_the_prompt_reading_speed_shows_in_the_panel_and_under_a_long_prompts_reply(qtbot):
+    """Prompt tokens computed over the prompt's time: in the panel for every reply, under the reply
+    (its footer) when the prompt was long enough for its reading to count."""
+    stats = round_stats()
+    stats.prefill_tokens, stats.prefill_time_s = 600, 0.5
+    panel = StatsPanel()
+    qtbot.addWidget(panel)
+    panel.update_stats(stats)
+    assert panel.value_text("prompt_speed") == "prompt read at 1,200 tok/s"
+    assert "prompt read at 1,200 tok/s" in footer_line(stats.to_dict())
+    stats.prefill_tokens = 40  # a follow-up: most of the prompt was cached
+    assert "prompt read" not in footer_line(stats)
+    stats.prefill_tokens, stats.unreported = 600, ["prefill_time_s"]
+    assert "prompt read" not in footer_line(stats)
+    panel.update_stats(stats)
+    assert panel.value_text("prompt_speed") == "not reported by this server"

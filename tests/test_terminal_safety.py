@@ -5,6 +5,7 @@ is not streamed, a stream's error and error bodies. Only newline and tab reach s
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -74,3 +75,34 @@ def test_visible_keeps_text_newlines_and_tabs_and_shows_every_other_control():
     assert [c for c in shown if unicodedata.category(c) == "Cc"] == ["\t", "\n"]
     assert visible("a\r\nb\tc é 漢字 🙂") == "a\nb\tc é 漢字 🙂"
     assert visible("\x1b[2J\x9b1A\x7f") == "␛[2J<9B>1A␡"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_long_prompt_reading_is_one_line_on_a_terminal_and_nothing_in_a_log(monkeypatch):
+    """The chat's progress while a long prompt is read: one stderr line rewritten in place (carriage
+    returns only, no escape sequence) and blanked before the reply prints; nothing where stderr is not
+    a terminal."""
+    from engine.cli.terminal import TerminalPrinter
+    from engine.events import PrefillProgress
+
+    reports = [PrefillProgress(0, 1200, None, 1300), PrefillProgress(512, 1200, 3.2, 1300)]
+    reports.append(PrefillProgress(1200, 1200, 0.0, 1300))
+    terminal, log = _Terminal(), io.StringIO()
+    for stream in (terminal, log):
+        monkeypatch.setattr(sys, "stderr", stream)
+        printer = TerminalPrinter(io.StringIO())
+        for report in reports:
+            printer(report)
+    shown = terminal.getvalue()
+    assert shown.split("\r")[1:] == [
+        "[reading the prompt: 0 of 1,200 tokens]",
+        "[reading the prompt: 512 of 1,200 tokens · about 3 s left]",
+        " " * len("[reading the prompt: 512 of 1,200 tokens · about 3 s left]"),
+        "",
+    ]
+    assert [c for c in shown if unicodedata.category(c) == "Cc"] == ["\r"] * 4
+    assert log.getvalue() == ""

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from engine.errors import ContextOverflowError
-from engine.events import Event, Failed, Finished, TextPiece
+from engine.events import Event, Failed, Finished, PrefillProgress, TextPiece
 
 COMMANDS = {
     "/new": "start a new conversation (the model forgets this one)",
@@ -46,13 +46,28 @@ def visible(text: str) -> str:
 class TerminalPrinter:
     def __init__(self, stream=sys.stdout) -> None:
         self.stream = stream
+        self.reading_shown = 0  # characters of the prompt-reading line now on stderr
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, TextPiece):
             self.stream.write(visible(event.text))
             self.stream.flush()
+        elif isinstance(event, PrefillProgress):
+            self.show_reading(event)
         elif isinstance(event, Failed):
             print(f"\n[error] {visible(event.message)}", file=sys.stderr)
+
+    def show_reading(self, progress: PrefillProgress) -> None:
+        """A long prompt's reading, on one line of stderr rewritten in place and blanked once the prompt
+        is read, before the reply prints; only where stderr is a terminal, so logs stay clean."""
+        err = sys.stderr
+        if err is None or not getattr(err, "isatty", lambda: False)():
+            return
+        line = "" if progress.read >= progress.total else f"[reading the prompt: {progress.summary()}]"
+        line = visible(line)
+        err.write("\r" + line.ljust(self.reading_shown) + ("\r" if not line else ""))
+        err.flush()
+        self.reading_shown = len(line)
 
 
 def format_stats(finished: Finished) -> str:

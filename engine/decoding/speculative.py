@@ -18,7 +18,6 @@ from typing import cast
 
 import torch
 
-from engine.decoding.detok import IncrementalDetokenizer
 from engine.decoding.drafters import (
     BeginsRequests,
     Cancelled,
@@ -30,6 +29,7 @@ from engine.decoding.drafters import (
     empty_draft,
 )
 from engine.decoding.planner import DraftPlanner, Plan
+from engine.decoding.reply_stream import ReplyStream
 from engine.decoding.round_record import plain_probe_due, record_round, time_round
 from engine.decoding.sampling import (
     PositionNoise,
@@ -40,9 +40,8 @@ from engine.decoding.sampling import (
     probs_from_logits,
     sample,
 )
-from engine.decoding.stop import StopMatcher
 from engine.decoding.tree import verify_tree
-from engine.events import Event, Finished, RoundStats, TextPiece, TokenSpan
+from engine.events import Event, Finished, PrefillProgress, RoundStats
 from engine.runtime.eager import ids_on
 from engine.runtime.protocol import Runner, TreeRunner
 from engine.settings import SamplingSettings, SpeculationSettings
@@ -212,19 +211,47 @@ class RoundClock:
 PREFILL_CHUNK = 512  # prompt tokens per target forward; cancelling is checked between chunks
 
 
+class PrefillMeter:
+    """Reports a long prompt's reading as PrefillProgress events: how far it is, and the time left at
+    the speed of the chunks read so far."""
+
+    def __init__(self, total: int, prompt_tokens: int, emit: Callable[[Event], None]):
+        self.total, self.prompt_tokens, self.emit = total, prompt_tokens, emit
+        self.read = 0
+        self.started = time.perf_counter()
+        emit(PrefillProgress(0, total, None, prompt_tokens))
+
+    def advance(self, tokens: int) -> None:
+        self.read += tokens
+        seconds = time.perf_counter() - self.started
+        left = seconds / self.read * (self.total - self.read)
+        self.emit(PrefillProgress(self.read, self.total, left, self.prompt_tokens))
+
+
 def prefill(
-    target: Runner, prompt_ids: list[int], sampling: SamplingSettings, generator, noise=None, cancel=None
+    target: Runner,
+    prompt_ids: list[int],
+    sampling: SamplingSettings,
+    generator,
+    noise=None,
+    cancel=None,
+    on_event: Callable[[Event], None] | None = None,
 ) -> int:
     """Brings the target cache from prompt_ids[:cache_length] to the whole prompt; returns the first token.
 
     The prompt goes in PREFILL_CHUNK tokens at a time, and a set `cancel` raises Cancelled between
-    chunks, so a long prompt can be stopped within one chunk's forward."""
+    chunks, so a long prompt can be stopped within one chunk's forward. A prompt of more than one
+    chunk reports its progress to `on_event` (PrefillMeter), each chunk waited for so it is timed."""
     keep = min(target.cache_length, len(prompt_ids) - 1)
     target.rollback(keep)
     rest = prompt_ids[keep:]
     chunks = [rest[start : start + PREFILL_CHUNK] for start in range(0, len(rest), PREFILL_CHUNK)]
+    meter = PrefillMeter(len(rest), len(prompt_ids), on_event) if on_event and len(chunks) > 1 else None
     for chunk in chunks[:-1]:
         target.prefill(chunk)
+        if meter is not None:
+            target.synchronize()
+            meter.advance(len(chunk))
         if cancel is not None and cancel.is_set():
             raise Cancelled
     logits = target.prefill(chunks[-1])  # [V]
@@ -235,7 +262,10 @@ def prefill(
         first = coupled_sample(probs, noise.race(len(prompt_ids), 1, probs.size(-1))[0])
     else:
         first = sample(probs, generator)
-    return int(first.item())
+    first_token = int(first.item())
+    if meter is not None:
+        meter.advance(len(chunks[-1]))
+    return first_token
 
 
 def generate(
@@ -270,9 +300,6 @@ def generate(
         if (reader := capability(member, ReadsTargetFeatures)) is not None and reader.wants_hidden
     ]
     target.capture_hidden = readers[0].wants_hidden if readers else ()
-    detok = IncrementalDetokenizer(tokenizer)
-    stops = StopMatcher(sampling.stop)
-    streamed: list[str] = []
     # Token trees for greedy decoding only. A tree's nodes are fixed candidates that the target's own
     # sample must hit: unseeded sampling checks a chain by rejection sampling instead, which keeps more
     # draft tokens than a match of two independent samples would. Seeded sampling draws both from one
@@ -284,58 +311,26 @@ def generate(
     stats.k_mode = "fixed" if not speculation.adaptive else "adaptive"
     stats.prompt_tokens = len(prompt_ids)
     base_note = stats.note
-    context = list(prompt_ids)
-    started = time.perf_counter()
-
-    def finish(reason) -> Finished:
-        if stops.stopped:
-            text = "".join(streamed)  # everything before the stop string, and nothing of it
-        else:
-            held = stops.flush()  # text that could have begun a stop string, and did not
-            if held:
-                emit(TextPiece(tuple(held)))
-            text = detok.text + detok.finish()
-        stats.total_time_s = time.perf_counter() - started
-        emit(RoundStats(stats.copy()))
-        finished = Finished(reason, text, tuple(context[len(prompt_ids) :]), stats.copy())
-        emit(finished)
-        return finished
-
-    def publish(tokens: list[int], provenance: list[str]) -> str | None:
-        """Appends tokens to the context and streams their text; returns "eos" or "stop" when one of
-        them ends the reply (an end token, or the text reaching a stop string)."""
-        end = next((i for i, token in enumerate(tokens) if token in eos_ids), None)
-        if end is not None:
-            tokens, provenance = tokens[: end + 1], provenance[: end + 1]
-        shown: list[TokenSpan] = []
-        reason = "eos" if end is not None else None
-        for token, origin in zip(tokens, provenance, strict=True):
-            context.append(token)
-            stats.generated_tokens += 1
-            shown.extend(stops.feed([TokenSpan(token, detok.add(token), origin)]))
-            if stops.stopped:
-                reason = "stop"
-                break
-        streamed.extend(span.text for span in shown)
-        emit(TextPiece(tuple(shown)))
-        return reason
+    reply = ReplyStream(prompt_ids, tokenizer, eos_ids, sampling.stop, stats, emit)
+    context = reply.context  # the prompt and the reply so far: the one list the stream appends to
+    started = reply.started
 
     if cancel is not None and cancel.is_set():
-        return finish("cancelled")
+        return reply.finish("cancelled")
     stats.prefill_tokens = len(prompt_ids) - min(target.cache_length, len(prompt_ids) - 1)
     try:
-        first_token = prefill(target, prompt_ids, sampling, generator, noise, cancel)
+        first_token = prefill(target, prompt_ids, sampling, generator, noise, cancel, on_event)
     except Cancelled:
-        return finish("cancelled")
+        return reply.finish("cancelled")
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - started
     if cancel is not None and cancel.is_set():
-        return finish("cancelled")
+        return reply.finish("cancelled")
     for reader in readers:
         reader.observe_target(target.last_hidden, prompt_ids + [first_token])
-    reason = publish([first_token], ["target"])
+    reason = reply.publish([first_token], ["target"])
     if reason is not None:
         rollback_target_to_context(target, context)
-        return finish(reason)
+        return reply.finish(reason)
     readers_of_prompts = [
         r for member in planner.drafters if (r := capability(member, ReadsPrompt)) is not None
     ]
@@ -349,13 +344,13 @@ def generate(
                 if not (planner.plain and member.prompt_can_wait):
                     member.prefill(prompt_ids)
         except Cancelled:
-            return finish("cancelled")
+            return reply.finish("cancelled")
         stats.prefill_time_s += time.perf_counter() - drafter_started
 
     while True:
         budget = min(sampling.max_new_tokens - stats.generated_tokens, target.context_length - len(context))
         if budget <= 0:
-            return finish("max_tokens")
+            return reply.finish("max_tokens")
         # a runner may verify at most so many tokens at once (FastRunner.verify_limit)
         most = target.verify_limit
         limit = budget - 1 if most is None else min(budget, most) - 1
@@ -376,12 +371,12 @@ def generate(
                 tree_room=plan.tree_room if trees else None,
             )
         except Cancelled:
-            return finish("cancelled")
+            return reply.finish("cancelled")
         planner.observe(plan, result)
         provenance = ["draft"] * result.num_accepted
         provenance.append("bonus" if result.drafted and result.num_accepted == result.drafted else "target")
         before = len(context)
-        reason = publish(result.tokens, provenance)
+        reason = reply.publish(result.tokens, provenance)
         record_round(stats, planner, plan, result, kept=len(context) - before)
         stats.note = " ".join(filter(None, [base_note, planner.note()]))
         for reader in readers:
@@ -390,10 +385,10 @@ def generate(
         stats.total_time_s = time.perf_counter() - started
         if reason is not None:
             rollback_target_to_context(target, context)
-            return finish(reason)
+            return reply.finish(reason)
         emit(RoundStats(stats.copy()))
         if cancel is not None and cancel.is_set():
-            return finish("cancelled")
+            return reply.finish("cancelled")
 
 
 def rollback_target_to_context(target: Runner, context: list[int]) -> None:

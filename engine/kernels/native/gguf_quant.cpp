@@ -53,10 +53,7 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define GGUF_X86 1
-#endif
+#include "simd_common.h"
 
 namespace {
 
@@ -477,10 +474,7 @@ void rows_portable_k(const Part& part, const Activations& a, const std::vector<i
   }
 }
 
-#ifdef GGUF_X86
-
-#define GGUF_AVX2 "avx2,fma,f16c"
-#define GGUF_AVX512 "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"
+#ifdef TANDEM_X86
 
 // ---- AVX-512 VNNI: 64 values (two blocks of 32) per step ---------------------------------------------
 //
@@ -494,11 +488,11 @@ struct Step512 {
 };
 
 // [a x 8 | b x 8]
-__attribute__((target(GGUF_AVX512))) inline __m512 two_scales(float a, float b) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512 two_scales(float a, float b) {
   return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 
-__attribute__((target(GGUF_AVX512))) inline __m256i nibbles16(const uint8_t* qs) {  // 16 bytes -> 32 values
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m256i nibbles16(const uint8_t* qs) {  // 16 bytes -> 32 values
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m128i low = _mm_set1_epi8(0x0F);
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
@@ -506,7 +500,7 @@ __attribute__((target(GGUF_AVX512))) inline __m256i nibbles16(const uint8_t* qs)
 
 // One block of a 32-value format as 32 unsigned values (in a __m256i), its scale and its offset.
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) inline __m256i block32(const uint8_t* blk, float& d, float& m) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m256i block32(const uint8_t* blk, float& d, float& m) {
   if (T == Q8_0) {
     d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)),
@@ -530,7 +524,7 @@ alignas(64) const uint8_t kZeroBlock[64] = {0};  // stands in for a missing last
 // 256-bit load of both blocks' 16 bytes of nibbles, split into low and high halves. Their d (and m)
 // come as [d_a, m_a, d_b, m_b] from one conversion; lane t takes the scale of its block.
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) inline __m512i nibble_pair(const uint8_t* a, const uint8_t* b, __m128& dm) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512i nibble_pair(const uint8_t* a, const uint8_t* b, __m128& dm) {
   constexpr bool aff = T == Q4_1 || T == Q5_1, five = T == Q5_0 || T == Q5_1;
   constexpr int qs = (aff ? 4 : 2) + (five ? 4 : 0);
   const __m256i packed = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(b + qs),
@@ -554,7 +548,7 @@ __attribute__((target(GGUF_AVX512))) inline __m512i nibble_pair(const uint8_t* a
 }
 
 // Lanes 0-3 and 8-11 take element 0 (block a), lanes 4-7 and 12-15 element `b`.
-__attribute__((target(GGUF_AVX512))) inline __m512i nibble_lanes(int b) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512i nibble_lanes(int b) {
   return _mm512_set_epi32(b, b, b, b, 0, 0, 0, 0, b, b, b, b, 0, 0, 0, 0);
 }
 
@@ -575,20 +569,9 @@ inline std::vector<float>& offset_scratch(size_t size) {
   return scratch;
 }
 
-__attribute__((target(GGUF_AVX512))) inline float dot_floats512(const float* a, const float* b, int64_t count) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j + 16 <= count; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), acc);
-  if (j < count) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (count - j)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, a + j), _mm512_maskz_loadu_ps(tail, b + j), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
 // Weight rows [r, r + R) against activation rows [i, i + C).
 template <int64_t T, int R, int C>
-__attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void tile_vnni(const Part& part, const Activations& a,
                                                     const std::vector<int32_t>& start, int64_t r, int64_t i,
                                                     float* y, int64_t y_stride) {
   constexpr int64_t B = bytes_of<T>();
@@ -654,7 +637,7 @@ __attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Acti
 }
 
 template <int64_t T, int R>
-__attribute__((target(GGUF_AVX512))) void rows_group_vnni(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void rows_group_vnni(const Part& part, const Activations& a,
                                                           const std::vector<int32_t>& start, int64_t m, int64_t r,
                                                           float* y, int64_t y_stride) {
   for (int64_t i = 0; i < m;) {
@@ -670,7 +653,7 @@ __attribute__((target(GGUF_AVX512))) void rows_group_vnni(const Part& part, cons
 constexpr int64_t kVnniAhead = 16;  // weight rows asked for into L2 ahead of the four in use
 
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) void rows_vnni(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void rows_vnni(const Part& part, const Activations& a,
                                                     const std::vector<int32_t>& start, int64_t m, int64_t r0,
                                                     int64_t r1, float* y, int64_t y_stride) {
   int64_t r = r0;
@@ -713,7 +696,7 @@ constexpr WordIndex kScaleIndex[2][4] = {
     {word_index(true, 0), word_index(true, 1), word_index(true, 2), word_index(true, 3)}};
 
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) inline SuperHead super_head(const uint8_t* blk, float* offsets) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline SuperHead super_head(const uint8_t* blk, float* offsets) {
   SuperHead h;
   if (T == Q6_K) {
     const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
@@ -742,7 +725,7 @@ __attribute__((target(GGUF_AVX512))) inline SuperHead super_head(const uint8_t* 
 
 // Step pp (0..3) of a block of 256: the unsigned weights of values 64 pp .. 64 pp + 63.
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) inline __m512i super_step(const uint8_t* blk, int pp) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512i super_step(const uint8_t* blk, int pp) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   if (T == Q6_K) {
     // values 64 pp + l (l < 32) and 64 pp + 32 + l: nibbles of ql[l] and ql[32 + l] of the half (low ones
@@ -772,7 +755,7 @@ __attribute__((target(GGUF_AVX512))) inline __m512i super_step(const uint8_t* bl
 
 // Weight rows [r, r + R) against activation rows [i, i + C).
 template <int64_t T, int R, int C>
-__attribute__((target(GGUF_AVX512))) void super_tile_vnni(const Part& part, const Activations& a, int64_t r,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_tile_vnni(const Part& part, const Activations& a, int64_t r,
                                                           int64_t i, float* y, int64_t y_stride) {
   constexpr int64_t B = bytes_of<T>();
   constexpr bool aff = T != Q6_K;
@@ -823,7 +806,7 @@ __attribute__((target(GGUF_AVX512))) void super_tile_vnni(const Part& part, cons
 
 // Weight rows [r0, r1) against activation rows [i, i + C), R at a time.
 template <int64_t T, int R, int C>
-__attribute__((target(GGUF_AVX512))) void super_rows_vnni(const Part& part, const Activations& a, int64_t r0,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_rows_vnni(const Part& part, const Activations& a, int64_t r0,
                                                           int64_t r1, int64_t i, float* y, int64_t y_stride) {
   int64_t r = r0;
   for (; r + R <= r1; r += R) {
@@ -837,7 +820,7 @@ __attribute__((target(GGUF_AVX512))) void super_rows_vnni(const Part& part, cons
 }
 
 template <int64_t T, int R>
-__attribute__((target(GGUF_AVX512))) void super_chunk_vnni(const Part& part, const Activations& a, int64_t c,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_chunk_vnni(const Part& part, const Activations& a, int64_t c,
                                                            int64_t r0, int64_t r1, int64_t i, float* y,
                                                            int64_t y_stride) {
   switch (c) {
@@ -858,7 +841,7 @@ constexpr int64_t kSuperTile = 8;  // activation rows one unpacked weight block 
 // for three or four, one for more); more rows take tiles of at most 8 over each weight row in turn, so
 // that every weight block is read from memory once per call.
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) void rows_super_vnni(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void rows_super_vnni(const Part& part, const Activations& a,
                                                           const std::vector<int32_t>&, int64_t m, int64_t r0,
                                                           int64_t r1, float* y, int64_t y_stride) {
   if (m <= kSuperTile) return super_chunk_vnni<T, 4>(part, a, m, r0, r1, 0, y, y_stride);
@@ -885,7 +868,7 @@ struct Step256 {
 };
 
 template <int64_t T>
-__attribute__((target(GGUF_AVX2))) inline __m256i block32_avx2(const uint8_t* blk, float& d, float& m) {
+__attribute__((target(TANDEM_AVX2_F16C))) inline __m256i block32_avx2(const uint8_t* blk, float& d, float& m) {
   d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
   if (T == Q8_0) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));  // signed
   constexpr bool aff = T == Q4_1 || T == Q5_1, five = T == Q5_0 || T == Q5_1;
@@ -906,24 +889,8 @@ __attribute__((target(GGUF_AVX2))) inline __m256i block32_avx2(const uint8_t* bl
   return u;
 }
 
-__attribute__((target(GGUF_AVX2))) inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-__attribute__((target(GGUF_AVX2))) inline float dot_floats256(const float* a, const float* b, int64_t count) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= count; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
-  float total = hsum8(acc);
-  for (; j < count; ++j) total += a[j] * b[j];
-  return total;
-}
-
 template <int64_t T, int R, int C>
-__attribute__((target(GGUF_AVX2))) void tile_avx2(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX2_F16C))) void tile_avx2(const Part& part, const Activations& a,
                                                   const std::vector<int32_t>& start, int64_t r, int64_t i, float* y,
                                                   int64_t y_stride) {
   constexpr int64_t B = bytes_of<T>();
@@ -964,7 +931,7 @@ __attribute__((target(GGUF_AVX2))) void tile_avx2(const Part& part, const Activa
 }
 
 template <int64_t T>
-__attribute__((target(GGUF_AVX2))) void rows_avx2(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX2_F16C))) void rows_avx2(const Part& part, const Activations& a,
                                                   const std::vector<int32_t>& start, int64_t m, int64_t r0, int64_t r1,
                                                   float* y, int64_t y_stride) {
   for (int64_t i = 0; i < m;) {
@@ -992,7 +959,7 @@ struct SuperHead256 {
 };
 
 template <int64_t T>
-__attribute__((target(GGUF_AVX2))) inline void super_head_avx2(const uint8_t* blk, SuperHead256& h, float* offsets) {
+__attribute__((target(TANDEM_AVX2_F16C))) inline void super_head_avx2(const uint8_t* blk, SuperHead256& h, float* offsets) {
   if (T == Q6_K) {
     const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
     _mm256_store_si256(reinterpret_cast<__m256i*>(h.scales), sc);
@@ -1013,7 +980,7 @@ __attribute__((target(GGUF_AVX2))) inline void super_head_avx2(const uint8_t* bl
 // Step sb (0..7) of a block of 256: the unsigned weights of values 32 sb .. 32 sb + 31, and the scale of
 // each of their 16 pair sums.
 template <int64_t T>
-__attribute__((target(GGUF_AVX2))) inline __m256i super_step_avx2(const uint8_t* blk, const SuperHead256& h, int sb,
+__attribute__((target(TANDEM_AVX2_F16C))) inline __m256i super_step_avx2(const uint8_t* blk, const SuperHead256& h, int sb,
                                                                   __m256i& scale) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   if (T == Q6_K) {
@@ -1039,7 +1006,7 @@ __attribute__((target(GGUF_AVX2))) inline __m256i super_step_avx2(const uint8_t*
 }
 
 template <int64_t T, int R, int C>
-__attribute__((target(GGUF_AVX2))) void super_tile_avx2(const Part& part, const Activations& a, int64_t r, int64_t i,
+__attribute__((target(TANDEM_AVX2_F16C))) void super_tile_avx2(const Part& part, const Activations& a, int64_t r, int64_t i,
                                                         float* y, int64_t y_stride) {
   constexpr int64_t B = bytes_of<T>();
   constexpr bool aff = T != Q6_K;
@@ -1085,7 +1052,7 @@ __attribute__((target(GGUF_AVX2))) void super_tile_avx2(const Part& part, const 
 // Two weight rows at a time for one or two activation rows, one for three or four; more activation rows
 // take tiles of at most four over each weight row in turn.
 template <int64_t T>
-__attribute__((target(GGUF_AVX2))) void rows_super_avx2(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX2_F16C))) void rows_super_avx2(const Part& part, const Activations& a,
                                                         const std::vector<int32_t>&, int64_t m, int64_t r0, int64_t r1,
                                                         float* y, int64_t y_stride) {
   if (m <= 2) {
@@ -1117,7 +1084,7 @@ __attribute__((target(GGUF_AVX2))) void rows_super_avx2(const Part& part, const 
 using Rows = void (*)(const Part&, const Activations&, const std::vector<int32_t>&, int64_t, int64_t, int64_t, float*,
                      int64_t);
 
-#ifdef GGUF_X86
+#ifdef TANDEM_X86
 template <template <int64_t> class Table>
 Rows by_type(int64_t type) {
   switch (type) {
@@ -1152,7 +1119,7 @@ struct Avx2Rows {
 
 Rows pick(const std::string& path, int64_t type) {
   layout_of(type);  // an unsupported type fails here, on every path
-#ifdef GGUF_X86
+#ifdef TANDEM_X86
   if (path == "vnni") return by_type<VnniRows>(type);
   if (path == "avx2") return by_type<Avx2Rows>(type);
 #endif

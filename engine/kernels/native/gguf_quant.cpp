@@ -65,22 +65,49 @@ constexpr int64_t kTaskRows = 16;  // weight rows per parallel task, at the leas
 enum Type : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
                       Q6_K = 14, BF16 = 30 };
 
-struct Layout {
-  int64_t values, bytes;
+// The block types the kernels read (the formats above), and every trait the code asks of one: the one
+// table of them, read at run time (format_of) and, by the kernels templated on a type, at compile time
+// (kFormat).
+struct Format {
+  int64_t type;
+  int64_t values, bytes;  // a block's values and bytes
+  int bits;               // bits per value
+  int bias;               // subtracted from the unsigned values (the symmetric formats; Q8_0: its + 128)
+  bool affine;            // a float offset besides the scale (m, or the K-quants' -dmin m_s)
 };
 
-Layout layout_of(int64_t type) {
-  switch (type) {
-    case Q4_0: return {32, 18};
-    case Q4_1: return {32, 20};
-    case Q5_0: return {32, 22};
-    case Q5_1: return {32, 24};
-    case Q8_0: return {32, 34};
-    case Q4_K: return {256, 144};
-    case Q5_K: return {256, 176};
-    case Q6_K: return {256, 210};
-    default: TORCH_CHECK(false, "gguf: unsupported block type ", type);
-  }
+constexpr Format kFormats[] = {
+    {Q4_0, 32, 18, 4, 8, false},   {Q4_1, 32, 20, 4, 0, true},   {Q5_0, 32, 22, 5, 16, false},
+    {Q5_1, 32, 24, 5, 0, true},    {Q8_0, 32, 34, 8, 128, false}, {Q4_K, 256, 144, 4, 0, true},
+    {Q5_K, 256, 176, 5, 0, true},  {Q6_K, 256, 210, 6, 32, false},
+};
+
+// The table's row of `type`, or null for a type the kernels do not read.
+constexpr const Format* find_format(int64_t type) {
+  for (const Format& format : kFormats)
+    if (format.type == type) return &format;
+  return nullptr;
+}
+
+const Format& format_of(int64_t type) {
+  const Format* format = find_format(type);
+  TORCH_CHECK(format != nullptr, "gguf: unsupported block type ", type);
+  return *format;
+}
+
+template <int64_t T>
+constexpr Format kFormat = *find_format(T);  // a type the table lacks does not compile
+
+// The K-quants, whose activations come in blocks of 256 (Activations::super_q).
+constexpr bool super_format(int64_t type) {
+  const Format* format = find_format(type);
+  return format != nullptr && format->values == kSuper;
+}
+
+// The 32-value 4- and 5-bit formats, whose AVX-512 path reads activations in nibble order.
+constexpr bool nibble_format(int64_t type) {
+  const Format* format = find_format(type);
+  return format != nullptr && format->values == kBlock && format->bits < 8;
 }
 
 inline float half_to_float(const uint8_t* p) {
@@ -123,7 +150,7 @@ inline void k_scale_min(const uint8_t* q, int s, int& scale, int& min) {
 // ---- the float weights a row holds (embeddings, tests) ----------------------------------------------
 
 void dequantize_row(const uint8_t* row, int64_t type, int64_t k, float* out) {
-  const Layout lay = layout_of(type);
+  const Format lay = format_of(type);
   for (int64_t b = 0; b < k / lay.values; ++b) {
     const uint8_t* blk = row + b * lay.bytes;
     float* y = out + b * lay.values;
@@ -328,24 +355,6 @@ struct Part {
   bool affine;
 };
 
-int bias_of(int64_t type) {
-  switch (type) {
-    case Q4_0: return 8;
-    case Q5_0: return 16;
-    case Q8_0: return 128;
-    case Q6_K: return 32;
-    default: return 0;
-  }
-}
-
-bool affine(int64_t type) { return type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K; }
-
-// The K-quants, whose activations come in blocks of 256 (Activations::super_q).
-constexpr bool super_format(int64_t type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
-
-// The 32-value 4- and 5-bit formats, whose AVX-512 path reads activations in nibble order.
-constexpr bool nibble_format(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1; }
-
 // ---- portable --------------------------------------------------------------------------------------
 // The same sums as the vector paths' definition above, one value at a time: sub-blocks of 32 (16 for
 // Q6_K) in order, each sx * s * exact integer dot, then the offsets.
@@ -358,7 +367,7 @@ void rows_portable(const Part& part, const Activations& a, const std::vector<int
   for (int64_t r = r0; r < r1; ++r) {
     // u, and the scale / offset of every 16 values, from the block's own fields
     const uint8_t* row = part.bytes + r * part.row_bytes;
-    const Layout lay = layout_of(part.type);
+    const Format lay = format_of(part.type);
     for (int64_t b = 0; b < k / lay.values; ++b) {
       const uint8_t* blk = row + b * lay.bytes;
       int* ub = u.data() + b * lay.values;
@@ -410,7 +419,7 @@ void rows_portable(const Part& part, const Activations& a, const std::vector<int
 void rows_portable_k(const Part& part, const Activations& a, const std::vector<int32_t>&, int64_t m, int64_t r0,
                      int64_t r1, float* y, int64_t y_stride) {
   const int64_t k = a.k, supers = k / kSuper;
-  const Layout lay = layout_of(part.type);
+  const Format lay = format_of(part.type);
   std::vector<int> u(k), scales(k / 16);
   std::vector<float> d(supers), offsets(k / kBlock);
   for (int64_t r = r0; r < r1; ++r) {
@@ -552,16 +561,6 @@ __attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512i nibble_lanes(int
   return _mm512_set_epi32(b, b, b, b, 0, 0, 0, 0, b, b, b, b, 0, 0, 0, 0);
 }
 
-template <int64_t T>
-constexpr int64_t bytes_of() {
-  return T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : T == Q8_0 ? 34 : T == Q4_K ? 144
-       : T == Q5_K ? 176 : 210;
-}
-template <int64_t T>
-constexpr bool affine_of() { return T == Q4_1 || T == Q5_1 || T == Q4_K || T == Q5_K; }
-template <int64_t T>
-constexpr int bias_of_t() { return T == Q4_0 ? 8 : T == Q5_0 ? 16 : T == Q8_0 ? 128 : T == Q6_K ? 32 : 0; }
-
 // Float offsets of weight rows, one per block of 32, gathered while their steps are unpacked.
 inline std::vector<float>& offset_scratch(size_t size) {
   thread_local std::vector<float> scratch;
@@ -574,8 +573,8 @@ template <int64_t T, int R, int C>
 __attribute__((target(TANDEM_AVX512_VNNI_F16C))) void tile_vnni(const Part& part, const Activations& a,
                                                     const std::vector<int32_t>& start, int64_t r, int64_t i,
                                                     float* y, int64_t y_stride) {
-  constexpr int64_t B = bytes_of<T>();
-  constexpr bool aff = affine_of<T>(), biased = bias_of_t<T>() != 0, nibbles = nibble_format(T);
+  constexpr int64_t B = kFormat<T>.bytes;
+  constexpr bool aff = kFormat<T>.affine, biased = kFormat<T>.bias != 0, nibbles = nibble_format(T);
   const int64_t k = a.k, steps = a.padded / kPair, blocks = a.padded / kBlock;
   // affine offsets: one per block (K-quants), or [d, m] of both blocks per step (nibble formats)
   const int64_t offset_stride = nibbles ? steps * 4 : blocks;
@@ -757,8 +756,8 @@ __attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512i super_step(const
 template <int64_t T, int R, int C>
 __attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_tile_vnni(const Part& part, const Activations& a, int64_t r,
                                                           int64_t i, float* y, int64_t y_stride) {
-  constexpr int64_t B = bytes_of<T>();
-  constexpr bool aff = T != Q6_K;
+  constexpr int64_t B = kFormat<T>.bytes;
+  constexpr bool aff = kFormat<T>.affine;
   const int64_t k = a.k, supers = k / kSuper, groups = k / kBlock;
   float* offsets = aff ? offset_scratch(R * groups).data() : nullptr;
   const int8_t* xq = a.super_q.data() + i * k;
@@ -893,8 +892,8 @@ template <int64_t T, int R, int C>
 __attribute__((target(TANDEM_AVX2_F16C))) void tile_avx2(const Part& part, const Activations& a,
                                                   const std::vector<int32_t>& start, int64_t r, int64_t i, float* y,
                                                   int64_t y_stride) {
-  constexpr int64_t B = bytes_of<T>();
-  constexpr bool aff = affine_of<T>(), biased = bias_of_t<T>() != 0 && T != Q8_0;
+  constexpr int64_t B = kFormat<T>.bytes;
+  constexpr bool aff = kFormat<T>.affine, biased = kFormat<T>.bias != 0 && T != Q8_0;
   const int64_t k = a.k, blocks = k / kBlock, padded_blocks = a.padded / kBlock;
   float* offsets = aff ? offset_scratch(R * padded_blocks).data() : nullptr;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -1008,8 +1007,8 @@ __attribute__((target(TANDEM_AVX2_F16C))) inline __m256i super_step_avx2(const u
 template <int64_t T, int R, int C>
 __attribute__((target(TANDEM_AVX2_F16C))) void super_tile_avx2(const Part& part, const Activations& a, int64_t r, int64_t i,
                                                         float* y, int64_t y_stride) {
-  constexpr int64_t B = bytes_of<T>();
-  constexpr bool aff = T != Q6_K;
+  constexpr int64_t B = kFormat<T>.bytes;
+  constexpr bool aff = kFormat<T>.affine;
   const int64_t k = a.k, supers = k / kSuper, groups = k / kBlock;
   float* offsets = aff ? offset_scratch(R * groups).data() : nullptr;
   const int8_t* xq = a.super_q.data() + i * k;
@@ -1118,7 +1117,7 @@ struct Avx2Rows {
 #endif
 
 Rows pick(const std::string& path, int64_t type) {
-  layout_of(type);  // an unsupported type fails here, on every path
+  format_of(type);  // an unsupported type fails here, on every path
 #ifdef TANDEM_X86
   if (path == "vnni") return by_type<VnniRows>(type);
   if (path == "avx2") return by_type<Avx2Rows>(type);
@@ -1141,13 +1140,12 @@ torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::In
   int64_t columns = 0;
   for (size_t p = 0; p < weights.size(); ++p) {
     const torch::Tensor& w = weights[p];
-    const Layout lay = layout_of(types[p]);
+    const Format lay = format_of(types[p]);
     TORCH_CHECK(k % lay.values == 0, "gguf: K = ", k, " is not a whole number of ", lay.values, "-value blocks");
     TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() &&
                     w.size(1) == k / lay.values * lay.bytes,
                 "gguf: weight part ", p, " does not hold [N, K] in its block type");
-    parts.push_back({w.data_ptr<uint8_t>(), types[p], w.size(0), w.size(1), columns, bias_of(types[p]),
-                     affine(types[p])});
+    parts.push_back({w.data_ptr<uint8_t>(), types[p], w.size(0), w.size(1), columns, lay.bias, lay.affine});
     columns += w.size(0);
   }
   torch::Tensor y = torch::empty({m, columns}, x.options());
@@ -1179,7 +1177,7 @@ torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::In
 
 // The float weights of rows `rows` ([T] int64) of a [N, row_bytes] block tensor: [T, K].
 torch::Tensor gguf_dequantize_rows(const torch::Tensor& weight, int64_t type, int64_t k, const torch::Tensor& rows) {
-  const Layout lay = layout_of(type);
+  const Format lay = format_of(type);
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kUInt8 && weight.is_contiguous() &&
                   weight.size(1) == k / lay.values * lay.bytes && k % lay.values == 0,
               "gguf: weight does not hold rows of K values in its block type");

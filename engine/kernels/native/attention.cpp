@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels.h"
 #include "simd_common.h"
 
 namespace {

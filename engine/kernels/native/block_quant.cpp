@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels.h"
 #include "simd_common.h"
 
 namespace {
@@ -476,8 +477,8 @@ Rows pick(const std::string& path, int64_t bits) {
 
 }  // namespace
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
-                     const torch::Tensor& mins, int64_t bits, const std::string& path) {
+torch::Tensor block_quant_linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
+                                 const torch::Tensor& mins, int64_t bits, const std::string& path) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "block_quant: x must be [M, K] float32");
   TORCH_CHECK(bits == 4 || bits == 8, "block_quant: bits must be 4 or 8");
   const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0), blocks = k / kBlock;
@@ -520,4 +521,4 @@ TORCH_LIBRARY(tandem_block_quant, lib) {
   lib.def("linear(Tensor x, Tensor qweight, Tensor scales, Tensor mins, int bits, str path) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(tandem_block_quant, CPU, lib) { lib.impl("linear", linear); }
+TORCH_LIBRARY_IMPL(tandem_block_quant, CPU, lib) { lib.impl("linear", block_quant_linear); }

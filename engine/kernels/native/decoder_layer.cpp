@@ -28,16 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels.h"
 #include "simd_common.h"
-
-torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
-                         const std::string& path);
-torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                            const c10::optional<torch::Tensor>& lengths, const c10::optional<torch::Tensor>& mask);
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
-                     const torch::Tensor& mins, int64_t bits, const std::string& path);  // block_quant.cpp
-torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::IntArrayRef types,
-                          const std::string& path);  // gguf_quant.cpp
 
 namespace {
 
@@ -114,7 +106,7 @@ torch::Tensor project(const torch::Tensor& x, at::TensorList weight, const c10::
     return row_linear(x, weight[0], bias, path);
   }
   TORCH_CHECK(weight.size() == 3, "decoder layer: a block-quantized projection is codes, scales and mins");
-  torch::Tensor y = linear(x, weight[0], weight[1], weight[2], bits, path);
+  torch::Tensor y = block_quant_linear(x, weight[0], weight[1], weight[2], bits, path);
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
 }

@@ -53,6 +53,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels.h"
 #include "simd_common.h"
 
 namespace {

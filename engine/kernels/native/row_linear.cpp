@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels.h"
 #include "simd_common.h"
 
 namespace {

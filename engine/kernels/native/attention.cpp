@@ -24,28 +24,25 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define ATTN_X86 1
-#include "simd_exp.h"
-#endif
+#include "kernels.h"
+#include "simd_common.h"
 
 namespace {
 
 constexpr int64_t kTaskSlots = 2048;  // slots x rows per parallel task, at the least: a short context
                                       // runs on one thread, where waking the other costs more
 
-#ifdef ATTN_X86
+#ifdef TANDEM_X86
 
 // 8 cache values as float32 lanes: loaded as they are, or widened from float16 (exact).
-__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const at::Half* p) {
+__attribute__((target(TANDEM_AVX2))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target(TANDEM_AVX2_F16C))) inline __m256 load8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // The dot products of q with 8 consecutive key rows, one lane each, every lane summed the same way.
 template <int L, typename T>  // L = D / 8; T: the cache's element type
-__attribute__((target("avx2,fma,f16c"))) inline __m256 scores8(const float* q, const T* k) {
+__attribute__((target(TANDEM_AVX2_F16C))) inline __m256 scores8(const float* q, const T* k) {
   __m256 a[8];
   for (int s = 0; s < 8; ++s) a[s] = _mm256_setzero_ps();
   for (int i = 0; i < L; ++i) {
@@ -62,7 +59,7 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 scores8(const float* q, c
 // or a mask row. `weights` holds `length` rounded up to 8 floats; `pad` holds 8 key rows, for a last
 // block that would read past the cache's `slots`.
 template <int L, typename T>
-__attribute__((target("avx2,fma,f16c"))) void attend_row(const float* q, const T* k, const T* v, int64_t length,
+__attribute__((target(TANDEM_AVX2_F16C))) void attend_row(const float* q, const T* k, const T* v, int64_t length,
                                                          int64_t slots, const bool* visible, float scale,
                                                          float* weights, T* pad, float* out) {
   constexpr int64_t d = 8 * L;
@@ -149,13 +146,13 @@ void attend_all(const float* qp, const T* kp, const T* vp, const int64_t* lp, co
   });
 }
 
-#endif  // ATTN_X86
+#endif  // TANDEM_X86
 
 }  // namespace
 
 torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                             const c10::optional<torch::Tensor>& lengths, const c10::optional<torch::Tensor>& mask) {
-#ifndef ATTN_X86
+#ifndef TANDEM_X86
   TORCH_CHECK(false, "attention: this build has no x86 code path");
 #else
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),

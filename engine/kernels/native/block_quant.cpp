@@ -30,10 +30,8 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define BLOCKQ_X86 1
-#endif
+#include "kernels.h"
+#include "simd_common.h"
 
 namespace {
 
@@ -108,39 +106,20 @@ void rows_portable(const uint8_t* weights, const float* d, const float* mn, cons
   }
 }
 
-#ifdef BLOCKQ_X86
-
-#define BLOCKQ_AVX2 "avx2,fma"
-#define BLOCKQ_AVX512 "avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"
-
-__attribute__((target(BLOCKQ_AVX2))) inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-__attribute__((target(BLOCKQ_AVX2))) inline float dot_floats(const float* a, const float* b, int64_t count) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= count; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
-  float total = hsum8(acc);
-  for (; j < count; ++j) total += a[j] * b[j];
-  return total;
-}
+#ifdef TANDEM_X86
 
 // The per-row terms outside the integer dot: the 4-bit offsets m, or -128 * sum(x) after dot(w + 128, x).
 template <int BITS>
-__attribute__((target(BLOCKQ_AVX2))) inline float row_offset(const float* d, const float* mn, const float* sums,
+__attribute__((target(TANDEM_AVX2))) inline float row_offset(const float* d, const float* mn, const float* sums,
                                                              int64_t row, int64_t blocks, bool flipped) {
-  if (BITS == 4) return dot_floats(mn + row * blocks, sums, blocks);
-  return flipped ? -128.f * dot_floats(d + row * blocks, sums, blocks) : 0.f;
+  if (BITS == 4) return dot_floats256(mn + row * blocks, sums, blocks);
+  return flipped ? -128.f * dot_floats256(d + row * blocks, sums, blocks) : 0.f;
 }
 
 // quantize_activations with vector instructions, bit for bit the same: the same max, the same
 // float products, rounded to nearest even as lrintf rounds by default. (One scalar value at a time
 // it cost about a third of a millisecond per activation row and step of the built-in model.)
-__attribute__((target(BLOCKQ_AVX2))) Activations quantize_activations_avx2(const float* x, int64_t m, int64_t k) {
+__attribute__((target(TANDEM_AVX2))) Activations quantize_activations_avx2(const float* x, int64_t m, int64_t k) {
   const int64_t blocks = k / kBlock;
   Activations a{std::vector<int8_t>(m * k), std::vector<float>(m * blocks), std::vector<float>(m * blocks)};
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -186,7 +165,7 @@ __attribute__((target(BLOCKQ_AVX2))) Activations quantize_activations_avx2(const
 // into floats, and one value at a time that took about 0.1 s for the built-in model's weights.
 // A pair's 64 interleaved values, in four-byte chunks a b a b ..., go back to block order with one
 // byte shuffle per 128-bit lane ([a a b b]) and one 64-bit permute ([a a a a | b b b b]).
-__attribute__((target(BLOCKQ_AVX2))) inline __m256i split_blocks(__m256i chunks) {
+__attribute__((target(TANDEM_AVX2))) inline __m256i split_blocks(__m256i chunks) {
   const __m256i gather = _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15,
                                           0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
   return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(chunks, gather), 0xD8);
@@ -194,7 +173,7 @@ __attribute__((target(BLOCKQ_AVX2))) inline __m256i split_blocks(__m256i chunks)
 
 // 16 values of one block (bytes, unsigned at 4 bits, signed at 8) -> d * q + m into dst[0..16).
 template <int BITS>
-__attribute__((target(BLOCKQ_AVX2))) inline void store_block16(__m128i q, float d, float m, float* dst) {
+__attribute__((target(TANDEM_AVX2))) inline void store_block16(__m128i q, float d, float m, float* dst) {
   const __m256 scale = _mm256_set1_ps(d), offset = _mm256_set1_ps(m);
   for (int half = 0; half < 2; ++half) {
     const __m128i bytes = half ? _mm_unpackhi_epi64(q, q) : q;
@@ -207,7 +186,7 @@ __attribute__((target(BLOCKQ_AVX2))) inline void store_block16(__m128i q, float 
 }
 
 template <int BITS>
-__attribute__((target(BLOCKQ_AVX2))) void dequantize_rows_avx2(const uint8_t* weights, const float* d,
+__attribute__((target(TANDEM_AVX2))) void dequantize_rows_avx2(const uint8_t* weights, const float* d,
                                                                const float* mn, int64_t k, int64_t r0, int64_t r1,
                                                                float* out) {
   const int64_t blocks = k / kBlock, row_bytes = BITS == 4 ? k / 2 : k;
@@ -238,7 +217,7 @@ __attribute__((target(BLOCKQ_AVX2))) void dequantize_rows_avx2(const uint8_t* we
 }
 
 // [a, b, a, b, ...]: a pair's two floats broadcast.
-__attribute__((target(BLOCKQ_AVX2))) inline __m256 pair8(const float* ab) {
+__attribute__((target(TANDEM_AVX2))) inline __m256 pair8(const float* ab) {
   return _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(ab)));
 }
 
@@ -258,7 +237,7 @@ constexpr int64_t kAvx2Ahead = 4;  // weight rows
 constexpr int64_t kAvx2Chunk = 4;  // activation rows per pass over the weights, at most
 
 template <int BITS>
-__attribute__((target(BLOCKQ_AVX2))) inline void unpack_avx2(const uint8_t* w, __m256i& w0, __m256i& w1) {
+__attribute__((target(TANDEM_AVX2))) inline void unpack_avx2(const uint8_t* w, __m256i& w0, __m256i& w1) {
   if (BITS == 4) {
     const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
     const __m256i low = _mm256_set1_epi8(0x0F);
@@ -272,7 +251,7 @@ __attribute__((target(BLOCKQ_AVX2))) inline void unpack_avx2(const uint8_t* w, _
 
 // int32 dot of one unpacked weight pair with one activation pair, lanes alternating the two blocks
 template <int BITS>
-__attribute__((target(BLOCKQ_AVX2))) inline __m256i unpacked_dot_avx2(__m256i w0, __m256i w1, const int8_t* xq) {
+__attribute__((target(TANDEM_AVX2))) inline __m256i unpacked_dot_avx2(__m256i w0, __m256i w1, const int8_t* xq) {
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
   const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
@@ -285,7 +264,7 @@ __attribute__((target(BLOCKQ_AVX2))) inline __m256i unpacked_dot_avx2(__m256i w0
 
 // R weight rows [r, r + R) against C activation rows [i, i + C); `ahead` > 0 prefetches the rows that far on.
 template <int BITS, int R, int C>
-__attribute__((target(BLOCKQ_AVX2))) inline void tile_avx2(const uint8_t* weights, const float* d, const float* mn,
+__attribute__((target(TANDEM_AVX2))) inline void tile_avx2(const uint8_t* weights, const float* d, const float* mn,
                                                            const Activations& a, int64_t k, int64_t r, int64_t i,
                                                            int64_t n, float* out, int64_t ahead) {
   const int64_t blocks = k / kBlock, pairs = k / kPair, row_bytes = BITS == 4 ? k / 2 : k;
@@ -322,7 +301,7 @@ __attribute__((target(BLOCKQ_AVX2))) inline void tile_avx2(const uint8_t* weight
 }
 
 template <int BITS, int C>
-__attribute__((target(BLOCKQ_AVX2))) void pass_avx2(const uint8_t* weights, const float* d, const float* mn,
+__attribute__((target(TANDEM_AVX2))) void pass_avx2(const uint8_t* weights, const float* d, const float* mn,
                                                     const Activations& a, int64_t k, int64_t r0, int64_t r1,
                                                     int64_t i, int64_t n, float* out) {
   constexpr int R = C <= 2 ? 4 : 2;  // R * C accumulators, the unpacked pair and the constants in 16 registers
@@ -333,7 +312,7 @@ __attribute__((target(BLOCKQ_AVX2))) void pass_avx2(const uint8_t* weights, cons
 }
 
 template <int BITS>
-__attribute__((target(BLOCKQ_AVX2))) void rows_avx2(const uint8_t* weights, const float* d, const float* mn,
+__attribute__((target(TANDEM_AVX2))) void rows_avx2(const uint8_t* weights, const float* d, const float* mn,
                                                     const Activations& a, int64_t m, int64_t k, int64_t r0,
                                                     int64_t r1, int64_t n, float* out) {
   for (int64_t i = 0; i < m;) {
@@ -358,12 +337,12 @@ constexpr int64_t kVnniRows = 4;    // weight rows per pass
 constexpr int64_t kVnniChunk = 4;   // activation rows per pass, at most
 constexpr int64_t kVnniAhead = 32;  // weight rows
 
-__attribute__((target(BLOCKQ_AVX512))) inline __m512 pair16(const float* ab) {
+__attribute__((target(TANDEM_AVX512_VNNI))) inline __m512 pair16(const float* ab) {
   return _mm512_castpd_ps(_mm512_set1_pd(*reinterpret_cast<const double*>(ab)));
 }
 
 template <int BITS>
-__attribute__((target(BLOCKQ_AVX512))) inline __m512i unpack_vnni(const uint8_t* w) {
+__attribute__((target(TANDEM_AVX512_VNNI))) inline __m512i unpack_vnni(const uint8_t* w) {
   if (BITS == 4) {
     const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
     const __m256i low = _mm256_set1_epi8(0x0F);
@@ -374,7 +353,7 @@ __attribute__((target(BLOCKQ_AVX512))) inline __m512i unpack_vnni(const uint8_t*
 }
 
 // The bytes of weight rows [r, r + count) and their scales (and mins), into L2.
-__attribute__((target(BLOCKQ_AVX512))) inline void prefetch_rows(const uint8_t* weights, const float* d,
+__attribute__((target(TANDEM_AVX512_VNNI))) inline void prefetch_rows(const uint8_t* weights, const float* d,
                                                                  const float* mn, int64_t row_bytes,
                                                                  int64_t blocks, int64_t r, int64_t count) {
   const char* w = reinterpret_cast<const char*>(weights + r * row_bytes);
@@ -386,7 +365,7 @@ __attribute__((target(BLOCKQ_AVX512))) inline void prefetch_rows(const uint8_t* 
 }
 
 template <int BITS, int R, int C>
-__attribute__((target(BLOCKQ_AVX512))) inline void tile_vnni(const uint8_t* weights, const float* d,
+__attribute__((target(TANDEM_AVX512_VNNI))) inline void tile_vnni(const uint8_t* weights, const float* d,
                                                              const float* mn, const Activations& a, int64_t k,
                                                              int64_t r, int64_t i, int64_t n, float* out) {
   const int64_t blocks = k / kBlock, pairs = k / kPair, row_bytes = BITS == 4 ? k / 2 : k;
@@ -418,7 +397,7 @@ __attribute__((target(BLOCKQ_AVX512))) inline void tile_vnni(const uint8_t* weig
 
 // R weight rows [r, r + R) against every activation row, at most kVnniChunk at a time.
 template <int BITS, int R>
-__attribute__((target(BLOCKQ_AVX512))) inline void rows_group_vnni(const uint8_t* weights, const float* d,
+__attribute__((target(TANDEM_AVX512_VNNI))) inline void rows_group_vnni(const uint8_t* weights, const float* d,
                                                                    const float* mn, const Activations& a, int64_t m,
                                                                    int64_t k, int64_t r, int64_t n, float* out) {
   for (int64_t i = 0; i < m;) {
@@ -432,7 +411,7 @@ __attribute__((target(BLOCKQ_AVX512))) inline void rows_group_vnni(const uint8_t
 }
 
 template <int BITS>
-__attribute__((target(BLOCKQ_AVX512))) void rows_vnni(const uint8_t* weights, const float* d, const float* mn,
+__attribute__((target(TANDEM_AVX512_VNNI))) void rows_vnni(const uint8_t* weights, const float* d, const float* mn,
                                                       const Activations& a, int64_t m, int64_t k, int64_t r0,
                                                       int64_t r1, int64_t n, float* out) {
   const int64_t blocks = k / kBlock, row_bytes = BITS == 4 ? k / 2 : k;
@@ -465,7 +444,7 @@ void dequantize_rows(const uint8_t* weights, const float* d, const float* mn, in
 
 // The vector versions wherever a vector code path was chosen; they give the portable ones' results.
 Activations quantize_for(const std::string& path, const float* x, int64_t m, int64_t k) {
-#ifdef BLOCKQ_X86
+#ifdef TANDEM_X86
   if (path != "portable") return quantize_activations_avx2(x, m, k);
 #endif
   return quantize_activations(x, m, k);
@@ -473,7 +452,7 @@ Activations quantize_for(const std::string& path, const float* x, int64_t m, int
 
 void dequantize_for(const std::string& path, const uint8_t* weights, const float* d, const float* mn,
                     int64_t bits, int64_t k, int64_t r0, int64_t r1, float* out) {
-#ifdef BLOCKQ_X86
+#ifdef TANDEM_X86
   if (path != "portable") {
     if (bits == 4) dequantize_rows_avx2<4>(weights, d, mn, k, r0, r1, out);
     else dequantize_rows_avx2<8>(weights, d, mn, k, r0, r1, out);
@@ -488,7 +467,7 @@ using Rows = void (*)(const uint8_t*, const float*, const float*, const Activati
 
 Rows pick(const std::string& path, int64_t bits) {
   const bool four = bits == 4;
-#ifdef BLOCKQ_X86
+#ifdef TANDEM_X86
   if (path == "vnni") return four ? rows_vnni<4> : rows_vnni<8>;
   if (path == "avx2") return four ? rows_avx2<4> : rows_avx2<8>;
 #endif
@@ -498,8 +477,8 @@ Rows pick(const std::string& path, int64_t bits) {
 
 }  // namespace
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
-                     const torch::Tensor& mins, int64_t bits, const std::string& path) {
+torch::Tensor block_quant_linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
+                                 const torch::Tensor& mins, int64_t bits, const std::string& path) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "block_quant: x must be [M, K] float32");
   TORCH_CHECK(bits == 4 || bits == 8, "block_quant: bits must be 4 or 8");
   const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0), blocks = k / kBlock;
@@ -542,4 +521,4 @@ TORCH_LIBRARY(tandem_block_quant, lib) {
   lib.def("linear(Tensor x, Tensor qweight, Tensor scales, Tensor mins, int bits, str path) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(tandem_block_quant, CPU, lib) { lib.impl("linear", linear); }
+TORCH_LIBRARY_IMPL(tandem_block_quant, CPU, lib) { lib.impl("linear", block_quant_linear); }

@@ -28,20 +28,8 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define LAYER_X86 1
-#include "simd_exp.h"
-#endif
-
-torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
-                         const std::string& path);
-torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                            const c10::optional<torch::Tensor>& lengths, const c10::optional<torch::Tensor>& mask);
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
-                     const torch::Tensor& mins, int64_t bits, const std::string& path);  // block_quant.cpp
-torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::IntArrayRef types,
-                          const std::string& path);  // gguf_quant.cpp
+#include "kernels.h"
+#include "simd_common.h"
 
 namespace {
 
@@ -84,9 +72,9 @@ void write_kv(const float* row, const float* cos, const float* sin_signed, int64
   }
 }
 
-#ifdef LAYER_X86
+#ifdef TANDEM_X86
 // silu(gate) * up, 8 lanes at a time; a last partial block goes through the same lanes.
-__attribute__((target("avx2,fma"))) void silu_mul_row(const float* gate, const float* up, int64_t n, float* out) {
+__attribute__((target(TANDEM_AVX2))) void silu_mul_row(const float* gate, const float* up, int64_t n, float* out) {
   const __m256 one = _mm256_set1_ps(1.f);
   for (int64_t j = 0; j < n; j += 8) {
     alignas(32) float g[8] = {0.f}, u[8] = {0.f}, y[8];
@@ -118,7 +106,7 @@ torch::Tensor project(const torch::Tensor& x, at::TensorList weight, const c10::
     return row_linear(x, weight[0], bias, path);
   }
   TORCH_CHECK(weight.size() == 3, "decoder layer: a block-quantized projection is codes, scales and mins");
-  torch::Tensor y = linear(x, weight[0], weight[1], weight[2], bits, path);
+  torch::Tensor y = block_quant_linear(x, weight[0], weight[1], weight[2], bits, path);
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
 }
@@ -149,7 +137,7 @@ torch::Tensor decoder_layer(const torch::Tensor& x_in, const torch::Tensor& inpu
                             const torch::Tensor& sin_in, torch::Tensor& k_cache, torch::Tensor& v_cache,
                             const torch::Tensor& slots_in, const c10::optional<torch::Tensor>& lengths,
                             const c10::optional<torch::Tensor>& mask, int64_t n_heads, const std::string& path) {
-#ifndef LAYER_X86
+#ifndef TANDEM_X86
   TORCH_CHECK(false, "decoder layer: this build has no x86 code path");
 #else
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat, "decoder layer: x must be [T, C] float32");

@@ -53,10 +53,8 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define GGUF_X86 1
-#endif
+#include "kernels.h"
+#include "simd_common.h"
 
 namespace {
 
@@ -68,22 +66,49 @@ constexpr int64_t kTaskRows = 16;  // weight rows per parallel task, at the leas
 enum Type : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
                       Q6_K = 14, BF16 = 30 };
 
-struct Layout {
-  int64_t values, bytes;
+// The block types the kernels read (the formats above), and every trait the code asks of one: the one
+// table of them, read at run time (format_of) and, by the kernels templated on a type, at compile time
+// (kFormat).
+struct Format {
+  int64_t type;
+  int64_t values, bytes;  // a block's values and bytes
+  int bits;               // bits per value
+  int bias;               // subtracted from the unsigned values (the symmetric formats; Q8_0: its + 128)
+  bool affine;            // a float offset besides the scale (m, or the K-quants' -dmin m_s)
 };
 
-Layout layout_of(int64_t type) {
-  switch (type) {
-    case Q4_0: return {32, 18};
-    case Q4_1: return {32, 20};
-    case Q5_0: return {32, 22};
-    case Q5_1: return {32, 24};
-    case Q8_0: return {32, 34};
-    case Q4_K: return {256, 144};
-    case Q5_K: return {256, 176};
-    case Q6_K: return {256, 210};
-    default: TORCH_CHECK(false, "gguf: unsupported block type ", type);
-  }
+constexpr Format kFormats[] = {
+    {Q4_0, 32, 18, 4, 8, false},   {Q4_1, 32, 20, 4, 0, true},   {Q5_0, 32, 22, 5, 16, false},
+    {Q5_1, 32, 24, 5, 0, true},    {Q8_0, 32, 34, 8, 128, false}, {Q4_K, 256, 144, 4, 0, true},
+    {Q5_K, 256, 176, 5, 0, true},  {Q6_K, 256, 210, 6, 32, false},
+};
+
+// The table's row of `type`, or null for a type the kernels do not read.
+constexpr const Format* find_format(int64_t type) {
+  for (const Format& format : kFormats)
+    if (format.type == type) return &format;
+  return nullptr;
+}
+
+const Format& format_of(int64_t type) {
+  const Format* format = find_format(type);
+  TORCH_CHECK(format != nullptr, "gguf: unsupported block type ", type);
+  return *format;
+}
+
+template <int64_t T>
+constexpr Format kFormat = *find_format(T);  // a type the table lacks does not compile
+
+// The K-quants, whose activations come in blocks of 256 (Activations::super_q).
+constexpr bool super_format(int64_t type) {
+  const Format* format = find_format(type);
+  return format != nullptr && format->values == kSuper;
+}
+
+// The 32-value 4- and 5-bit formats, whose AVX-512 path reads activations in nibble order.
+constexpr bool nibble_format(int64_t type) {
+  const Format* format = find_format(type);
+  return format != nullptr && format->values == kBlock && format->bits < 8;
 }
 
 inline float half_to_float(const uint8_t* p) {
@@ -126,7 +151,7 @@ inline void k_scale_min(const uint8_t* q, int s, int& scale, int& min) {
 // ---- the float weights a row holds (embeddings, tests) ----------------------------------------------
 
 void dequantize_row(const uint8_t* row, int64_t type, int64_t k, float* out) {
-  const Layout lay = layout_of(type);
+  const Format lay = format_of(type);
   for (int64_t b = 0; b < k / lay.values; ++b) {
     const uint8_t* blk = row + b * lay.bytes;
     float* y = out + b * lay.values;
@@ -331,24 +356,6 @@ struct Part {
   bool affine;
 };
 
-int bias_of(int64_t type) {
-  switch (type) {
-    case Q4_0: return 8;
-    case Q5_0: return 16;
-    case Q8_0: return 128;
-    case Q6_K: return 32;
-    default: return 0;
-  }
-}
-
-bool affine(int64_t type) { return type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K; }
-
-// The K-quants, whose activations come in blocks of 256 (Activations::super_q).
-constexpr bool super_format(int64_t type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
-
-// The 32-value 4- and 5-bit formats, whose AVX-512 path reads activations in nibble order.
-constexpr bool nibble_format(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1; }
-
 // ---- portable --------------------------------------------------------------------------------------
 // The same sums as the vector paths' definition above, one value at a time: sub-blocks of 32 (16 for
 // Q6_K) in order, each sx * s * exact integer dot, then the offsets.
@@ -361,7 +368,7 @@ void rows_portable(const Part& part, const Activations& a, const std::vector<int
   for (int64_t r = r0; r < r1; ++r) {
     // u, and the scale / offset of every 16 values, from the block's own fields
     const uint8_t* row = part.bytes + r * part.row_bytes;
-    const Layout lay = layout_of(part.type);
+    const Format lay = format_of(part.type);
     for (int64_t b = 0; b < k / lay.values; ++b) {
       const uint8_t* blk = row + b * lay.bytes;
       int* ub = u.data() + b * lay.values;
@@ -413,7 +420,7 @@ void rows_portable(const Part& part, const Activations& a, const std::vector<int
 void rows_portable_k(const Part& part, const Activations& a, const std::vector<int32_t>&, int64_t m, int64_t r0,
                      int64_t r1, float* y, int64_t y_stride) {
   const int64_t k = a.k, supers = k / kSuper;
-  const Layout lay = layout_of(part.type);
+  const Format lay = format_of(part.type);
   std::vector<int> u(k), scales(k / 16);
   std::vector<float> d(supers), offsets(k / kBlock);
   for (int64_t r = r0; r < r1; ++r) {
@@ -477,10 +484,7 @@ void rows_portable_k(const Part& part, const Activations& a, const std::vector<i
   }
 }
 
-#ifdef GGUF_X86
-
-#define GGUF_AVX2 "avx2,fma,f16c"
-#define GGUF_AVX512 "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"
+#ifdef TANDEM_X86
 
 // ---- AVX-512 VNNI: 64 values (two blocks of 32) per step ---------------------------------------------
 //
@@ -494,11 +498,11 @@ struct Step512 {
 };
 
 // [a x 8 | b x 8]
-__attribute__((target(GGUF_AVX512))) inline __m512 two_scales(float a, float b) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512 two_scales(float a, float b) {
   return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 
-__attribute__((target(GGUF_AVX512))) inline __m256i nibbles16(const uint8_t* qs) {  // 16 bytes -> 32 values
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m256i nibbles16(const uint8_t* qs) {  // 16 bytes -> 32 values
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m128i low = _mm_set1_epi8(0x0F);
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
@@ -506,7 +510,7 @@ __attribute__((target(GGUF_AVX512))) inline __m256i nibbles16(const uint8_t* qs)
 
 // One block of a 32-value format as 32 unsigned values (in a __m256i), its scale and its offset.
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) inline __m256i block32(const uint8_t* blk, float& d, float& m) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m256i block32(const uint8_t* blk, float& d, float& m) {
   if (T == Q8_0) {
     d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)),
@@ -530,7 +534,7 @@ alignas(64) const uint8_t kZeroBlock[64] = {0};  // stands in for a missing last
 // 256-bit load of both blocks' 16 bytes of nibbles, split into low and high halves. Their d (and m)
 // come as [d_a, m_a, d_b, m_b] from one conversion; lane t takes the scale of its block.
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) inline __m512i nibble_pair(const uint8_t* a, const uint8_t* b, __m128& dm) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512i nibble_pair(const uint8_t* a, const uint8_t* b, __m128& dm) {
   constexpr bool aff = T == Q4_1 || T == Q5_1, five = T == Q5_0 || T == Q5_1;
   constexpr int qs = (aff ? 4 : 2) + (five ? 4 : 0);
   const __m256i packed = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(b + qs),
@@ -554,19 +558,9 @@ __attribute__((target(GGUF_AVX512))) inline __m512i nibble_pair(const uint8_t* a
 }
 
 // Lanes 0-3 and 8-11 take element 0 (block a), lanes 4-7 and 12-15 element `b`.
-__attribute__((target(GGUF_AVX512))) inline __m512i nibble_lanes(int b) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512i nibble_lanes(int b) {
   return _mm512_set_epi32(b, b, b, b, 0, 0, 0, 0, b, b, b, b, 0, 0, 0, 0);
 }
-
-template <int64_t T>
-constexpr int64_t bytes_of() {
-  return T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : T == Q8_0 ? 34 : T == Q4_K ? 144
-       : T == Q5_K ? 176 : 210;
-}
-template <int64_t T>
-constexpr bool affine_of() { return T == Q4_1 || T == Q5_1 || T == Q4_K || T == Q5_K; }
-template <int64_t T>
-constexpr int bias_of_t() { return T == Q4_0 ? 8 : T == Q5_0 ? 16 : T == Q8_0 ? 128 : T == Q6_K ? 32 : 0; }
 
 // Float offsets of weight rows, one per block of 32, gathered while their steps are unpacked.
 inline std::vector<float>& offset_scratch(size_t size) {
@@ -575,24 +569,13 @@ inline std::vector<float>& offset_scratch(size_t size) {
   return scratch;
 }
 
-__attribute__((target(GGUF_AVX512))) inline float dot_floats512(const float* a, const float* b, int64_t count) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j + 16 <= count; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), acc);
-  if (j < count) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (count - j)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, a + j), _mm512_maskz_loadu_ps(tail, b + j), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
 // Weight rows [r, r + R) against activation rows [i, i + C).
 template <int64_t T, int R, int C>
-__attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void tile_vnni(const Part& part, const Activations& a,
                                                     const std::vector<int32_t>& start, int64_t r, int64_t i,
                                                     float* y, int64_t y_stride) {
-  constexpr int64_t B = bytes_of<T>();
-  constexpr bool aff = affine_of<T>(), biased = bias_of_t<T>() != 0, nibbles = nibble_format(T);
+  constexpr int64_t B = kFormat<T>.bytes;
+  constexpr bool aff = kFormat<T>.affine, biased = kFormat<T>.bias != 0, nibbles = nibble_format(T);
   const int64_t k = a.k, steps = a.padded / kPair, blocks = a.padded / kBlock;
   // affine offsets: one per block (K-quants), or [d, m] of both blocks per step (nibble formats)
   const int64_t offset_stride = nibbles ? steps * 4 : blocks;
@@ -654,7 +637,7 @@ __attribute__((target(GGUF_AVX512))) void tile_vnni(const Part& part, const Acti
 }
 
 template <int64_t T, int R>
-__attribute__((target(GGUF_AVX512))) void rows_group_vnni(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void rows_group_vnni(const Part& part, const Activations& a,
                                                           const std::vector<int32_t>& start, int64_t m, int64_t r,
                                                           float* y, int64_t y_stride) {
   for (int64_t i = 0; i < m;) {
@@ -670,7 +653,7 @@ __attribute__((target(GGUF_AVX512))) void rows_group_vnni(const Part& part, cons
 constexpr int64_t kVnniAhead = 16;  // weight rows asked for into L2 ahead of the four in use
 
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) void rows_vnni(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void rows_vnni(const Part& part, const Activations& a,
                                                     const std::vector<int32_t>& start, int64_t m, int64_t r0,
                                                     int64_t r1, float* y, int64_t y_stride) {
   int64_t r = r0;
@@ -713,7 +696,7 @@ constexpr WordIndex kScaleIndex[2][4] = {
     {word_index(true, 0), word_index(true, 1), word_index(true, 2), word_index(true, 3)}};
 
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) inline SuperHead super_head(const uint8_t* blk, float* offsets) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline SuperHead super_head(const uint8_t* blk, float* offsets) {
   SuperHead h;
   if (T == Q6_K) {
     const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
@@ -742,7 +725,7 @@ __attribute__((target(GGUF_AVX512))) inline SuperHead super_head(const uint8_t* 
 
 // Step pp (0..3) of a block of 256: the unsigned weights of values 64 pp .. 64 pp + 63.
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) inline __m512i super_step(const uint8_t* blk, int pp) {
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512i super_step(const uint8_t* blk, int pp) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   if (T == Q6_K) {
     // values 64 pp + l (l < 32) and 64 pp + 32 + l: nibbles of ql[l] and ql[32 + l] of the half (low ones
@@ -772,10 +755,10 @@ __attribute__((target(GGUF_AVX512))) inline __m512i super_step(const uint8_t* bl
 
 // Weight rows [r, r + R) against activation rows [i, i + C).
 template <int64_t T, int R, int C>
-__attribute__((target(GGUF_AVX512))) void super_tile_vnni(const Part& part, const Activations& a, int64_t r,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_tile_vnni(const Part& part, const Activations& a, int64_t r,
                                                           int64_t i, float* y, int64_t y_stride) {
-  constexpr int64_t B = bytes_of<T>();
-  constexpr bool aff = T != Q6_K;
+  constexpr int64_t B = kFormat<T>.bytes;
+  constexpr bool aff = kFormat<T>.affine;
   const int64_t k = a.k, supers = k / kSuper, groups = k / kBlock;
   float* offsets = aff ? offset_scratch(R * groups).data() : nullptr;
   const int8_t* xq = a.super_q.data() + i * k;
@@ -823,7 +806,7 @@ __attribute__((target(GGUF_AVX512))) void super_tile_vnni(const Part& part, cons
 
 // Weight rows [r0, r1) against activation rows [i, i + C), R at a time.
 template <int64_t T, int R, int C>
-__attribute__((target(GGUF_AVX512))) void super_rows_vnni(const Part& part, const Activations& a, int64_t r0,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_rows_vnni(const Part& part, const Activations& a, int64_t r0,
                                                           int64_t r1, int64_t i, float* y, int64_t y_stride) {
   int64_t r = r0;
   for (; r + R <= r1; r += R) {
@@ -837,7 +820,7 @@ __attribute__((target(GGUF_AVX512))) void super_rows_vnni(const Part& part, cons
 }
 
 template <int64_t T, int R>
-__attribute__((target(GGUF_AVX512))) void super_chunk_vnni(const Part& part, const Activations& a, int64_t c,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_chunk_vnni(const Part& part, const Activations& a, int64_t c,
                                                            int64_t r0, int64_t r1, int64_t i, float* y,
                                                            int64_t y_stride) {
   switch (c) {
@@ -858,7 +841,7 @@ constexpr int64_t kSuperTile = 8;  // activation rows one unpacked weight block 
 // for three or four, one for more); more rows take tiles of at most 8 over each weight row in turn, so
 // that every weight block is read from memory once per call.
 template <int64_t T>
-__attribute__((target(GGUF_AVX512))) void rows_super_vnni(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX512_VNNI_F16C))) void rows_super_vnni(const Part& part, const Activations& a,
                                                           const std::vector<int32_t>&, int64_t m, int64_t r0,
                                                           int64_t r1, float* y, int64_t y_stride) {
   if (m <= kSuperTile) return super_chunk_vnni<T, 4>(part, a, m, r0, r1, 0, y, y_stride);
@@ -885,7 +868,7 @@ struct Step256 {
 };
 
 template <int64_t T>
-__attribute__((target(GGUF_AVX2))) inline __m256i block32_avx2(const uint8_t* blk, float& d, float& m) {
+__attribute__((target(TANDEM_AVX2_F16C))) inline __m256i block32_avx2(const uint8_t* blk, float& d, float& m) {
   d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
   if (T == Q8_0) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));  // signed
   constexpr bool aff = T == Q4_1 || T == Q5_1, five = T == Q5_0 || T == Q5_1;
@@ -906,28 +889,12 @@ __attribute__((target(GGUF_AVX2))) inline __m256i block32_avx2(const uint8_t* bl
   return u;
 }
 
-__attribute__((target(GGUF_AVX2))) inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-__attribute__((target(GGUF_AVX2))) inline float dot_floats256(const float* a, const float* b, int64_t count) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= count; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
-  float total = hsum8(acc);
-  for (; j < count; ++j) total += a[j] * b[j];
-  return total;
-}
-
 template <int64_t T, int R, int C>
-__attribute__((target(GGUF_AVX2))) void tile_avx2(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX2_F16C))) void tile_avx2(const Part& part, const Activations& a,
                                                   const std::vector<int32_t>& start, int64_t r, int64_t i, float* y,
                                                   int64_t y_stride) {
-  constexpr int64_t B = bytes_of<T>();
-  constexpr bool aff = affine_of<T>(), biased = bias_of_t<T>() != 0 && T != Q8_0;
+  constexpr int64_t B = kFormat<T>.bytes;
+  constexpr bool aff = kFormat<T>.affine, biased = kFormat<T>.bias != 0 && T != Q8_0;
   const int64_t k = a.k, blocks = k / kBlock, padded_blocks = a.padded / kBlock;
   float* offsets = aff ? offset_scratch(R * padded_blocks).data() : nullptr;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -964,7 +931,7 @@ __attribute__((target(GGUF_AVX2))) void tile_avx2(const Part& part, const Activa
 }
 
 template <int64_t T>
-__attribute__((target(GGUF_AVX2))) void rows_avx2(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX2_F16C))) void rows_avx2(const Part& part, const Activations& a,
                                                   const std::vector<int32_t>& start, int64_t m, int64_t r0, int64_t r1,
                                                   float* y, int64_t y_stride) {
   for (int64_t i = 0; i < m;) {
@@ -992,7 +959,7 @@ struct SuperHead256 {
 };
 
 template <int64_t T>
-__attribute__((target(GGUF_AVX2))) inline void super_head_avx2(const uint8_t* blk, SuperHead256& h, float* offsets) {
+__attribute__((target(TANDEM_AVX2_F16C))) inline void super_head_avx2(const uint8_t* blk, SuperHead256& h, float* offsets) {
   if (T == Q6_K) {
     const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
     _mm256_store_si256(reinterpret_cast<__m256i*>(h.scales), sc);
@@ -1013,7 +980,7 @@ __attribute__((target(GGUF_AVX2))) inline void super_head_avx2(const uint8_t* bl
 // Step sb (0..7) of a block of 256: the unsigned weights of values 32 sb .. 32 sb + 31, and the scale of
 // each of their 16 pair sums.
 template <int64_t T>
-__attribute__((target(GGUF_AVX2))) inline __m256i super_step_avx2(const uint8_t* blk, const SuperHead256& h, int sb,
+__attribute__((target(TANDEM_AVX2_F16C))) inline __m256i super_step_avx2(const uint8_t* blk, const SuperHead256& h, int sb,
                                                                   __m256i& scale) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   if (T == Q6_K) {
@@ -1039,10 +1006,10 @@ __attribute__((target(GGUF_AVX2))) inline __m256i super_step_avx2(const uint8_t*
 }
 
 template <int64_t T, int R, int C>
-__attribute__((target(GGUF_AVX2))) void super_tile_avx2(const Part& part, const Activations& a, int64_t r, int64_t i,
+__attribute__((target(TANDEM_AVX2_F16C))) void super_tile_avx2(const Part& part, const Activations& a, int64_t r, int64_t i,
                                                         float* y, int64_t y_stride) {
-  constexpr int64_t B = bytes_of<T>();
-  constexpr bool aff = T != Q6_K;
+  constexpr int64_t B = kFormat<T>.bytes;
+  constexpr bool aff = kFormat<T>.affine;
   const int64_t k = a.k, supers = k / kSuper, groups = k / kBlock;
   float* offsets = aff ? offset_scratch(R * groups).data() : nullptr;
   const int8_t* xq = a.super_q.data() + i * k;
@@ -1085,7 +1052,7 @@ __attribute__((target(GGUF_AVX2))) void super_tile_avx2(const Part& part, const 
 // Two weight rows at a time for one or two activation rows, one for three or four; more activation rows
 // take tiles of at most four over each weight row in turn.
 template <int64_t T>
-__attribute__((target(GGUF_AVX2))) void rows_super_avx2(const Part& part, const Activations& a,
+__attribute__((target(TANDEM_AVX2_F16C))) void rows_super_avx2(const Part& part, const Activations& a,
                                                         const std::vector<int32_t>&, int64_t m, int64_t r0, int64_t r1,
                                                         float* y, int64_t y_stride) {
   if (m <= 2) {
@@ -1117,7 +1084,7 @@ __attribute__((target(GGUF_AVX2))) void rows_super_avx2(const Part& part, const 
 using Rows = void (*)(const Part&, const Activations&, const std::vector<int32_t>&, int64_t, int64_t, int64_t, float*,
                      int64_t);
 
-#ifdef GGUF_X86
+#ifdef TANDEM_X86
 template <template <int64_t> class Table>
 Rows by_type(int64_t type) {
   switch (type) {
@@ -1151,8 +1118,8 @@ struct Avx2Rows {
 #endif
 
 Rows pick(const std::string& path, int64_t type) {
-  layout_of(type);  // an unsupported type fails here, on every path
-#ifdef GGUF_X86
+  format_of(type);  // an unsupported type fails here, on every path
+#ifdef TANDEM_X86
   if (path == "vnni") return by_type<VnniRows>(type);
   if (path == "avx2") return by_type<Avx2Rows>(type);
 #endif
@@ -1174,13 +1141,12 @@ torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::In
   int64_t columns = 0;
   for (size_t p = 0; p < weights.size(); ++p) {
     const torch::Tensor& w = weights[p];
-    const Layout lay = layout_of(types[p]);
+    const Format lay = format_of(types[p]);
     TORCH_CHECK(k % lay.values == 0, "gguf: K = ", k, " is not a whole number of ", lay.values, "-value blocks");
     TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() &&
                     w.size(1) == k / lay.values * lay.bytes,
                 "gguf: weight part ", p, " does not hold [N, K] in its block type");
-    parts.push_back({w.data_ptr<uint8_t>(), types[p], w.size(0), w.size(1), columns, bias_of(types[p]),
-                     affine(types[p])});
+    parts.push_back({w.data_ptr<uint8_t>(), types[p], w.size(0), w.size(1), columns, lay.bias, lay.affine});
     columns += w.size(0);
   }
   torch::Tensor y = torch::empty({m, columns}, x.options());
@@ -1212,7 +1178,7 @@ torch::Tensor gguf_linear(const torch::Tensor& x, at::TensorList weights, at::In
 
 // The float weights of rows `rows` ([T] int64) of a [N, row_bytes] block tensor: [T, K].
 torch::Tensor gguf_dequantize_rows(const torch::Tensor& weight, int64_t type, int64_t k, const torch::Tensor& rows) {
-  const Layout lay = layout_of(type);
+  const Format lay = format_of(type);
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kUInt8 && weight.is_contiguous() &&
                   weight.size(1) == k / lay.values * lay.bytes && k % lay.values == 0,
               "gguf: weight does not hold rows of K values in its block type");

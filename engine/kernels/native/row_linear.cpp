@@ -40,10 +40,8 @@
 #include <cstdint>
 #include <string>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define ROWLIN_X86 1
-#endif
+#include "kernels.h"
+#include "simd_common.h"
 
 namespace {
 
@@ -63,16 +61,13 @@ constexpr int64_t kOneRowAhead = 16;     // AVX2, one activation row: how far ah
 constexpr int64_t kTaskWeights = 32768;  // weights per parallel task, at the least: a small layer runs on
                                           // one thread, where waking the other costs more than it saves
 
-#ifdef ROWLIN_X86
-
-#define ROWLIN_AVX2 "avx2,fma"
-#define ROWLIN_AVX512 "avx2,fma,avx512f,avx512dq"
+#ifdef TANDEM_X86
 
 // ---- AVX-512: 16 lanes ---------------------------------------------------------------------------
 
 // Weight rows [r, r + R) against activation rows [i, i + C), K tail masked into the same accumulator.
 template <int R, int C>
-__attribute__((target(ROWLIN_AVX512))) inline void block512(const float* x, const float* w, const float* bias,
+__attribute__((target(TANDEM_AVX512))) inline void block512(const float* x, const float* w, const float* bias,
                                                            int64_t k, int64_t n, int64_t r, int64_t i, float* out,
                                                            int64_t ahead) {
   if (r + R + ahead > n) ahead = 0;  // the matrix's last rows: nothing past them to ask for
@@ -113,16 +108,9 @@ __attribute__((target(ROWLIN_AVX512))) inline void block512(const float* x, cons
 
 // ---- AVX2: 8 lanes -------------------------------------------------------------------------------
 
-__attribute__((target(ROWLIN_AVX2))) inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // `ahead`: prefetch the weight rows that far past [r, r + R) (0: none), one cache line per row and step.
 template <int R, int C>
-__attribute__((target(ROWLIN_AVX2))) inline void block256(const float* x, const float* w, const float* bias,
+__attribute__((target(TANDEM_AVX2))) inline void block256(const float* x, const float* w, const float* bias,
                                                          int64_t k, int64_t n, int64_t r, int64_t i, float* out,
                                                          int64_t ahead) {
   if (r + R + ahead > n) ahead = 0;  // the matrix's last rows: nothing past them to ask for
@@ -169,7 +157,7 @@ struct Kernels {
   int64_t one_row_ahead;           // ... prefetching that many weight rows ahead (0: none)
 };
 
-#ifdef ROWLIN_X86
+#ifdef TANDEM_X86
 Kernels avx512_kernels() {
   return Kernels{kMaxRows512,
                  {0, 1, 2, 3, 4, 5, 6, 7, 8},
@@ -210,7 +198,7 @@ torch::Tensor row_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   const bool has_bias = bias.has_value() && bias->defined();
   Kernels kernels{};
-#ifdef ROWLIN_X86
+#ifdef TANDEM_X86
   if (path == "avx512")
     kernels = avx512_kernels();
   else if (path == "avx2")

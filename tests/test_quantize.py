@@ -112,7 +112,7 @@ def test_cpu_int4_copy(fp32_tokens):
 def test_cpu_int4_via_bitsandbytes(builtin_model):
     """bitsandbytes NF4 on CPU runs and is measured by the same check (0.69 agreement measured on an
     AVX-512 machine, just under the INT4 bar, so there it is refused in favour of int4-weight-g32)."""
-    reload = _reloader(builtin_model.path, builtin_model.device, builtin_model.dtype, "int4")
+    reload = _reloader(builtin_model.path, builtin_model.device, builtin_model.dtype)
     probes = probe_inputs(builtin_model.tokenizer, builtin_model.device)
     _maxima, reference = reference_run(builtin_model.model, probes)
     result = check_against(reference, reload(KERNELS["int4-nf4-bnb"]), probes, "int4")
@@ -161,23 +161,22 @@ def test_auto_drafts_in_int4_where_the_targets_weights_are_4bit_blocks_already(b
         holds_in_4bit_blocks,
         quantize_blocks,
     )
+    from engine.kernels.kernel_choice import copy_mode
     from engine.models.pair import load_pair
-    from engine.models.quantize import draft_quantization_for
 
     assert build_error() is None, build_error()
     # the built-in model is read from a Q4_1 GGUF: a 4-bit copy holds its layers' very weights
     assert holds_in_4bit_blocks(builtin_model.model)
-    assert draft_quantization_for(builtin_model, "auto") == "int4"
-    assert draft_quantization_for(builtin_model, "int8") == "int8"  # a chosen mode stays
+    assert copy_mode(builtin_model.model, "cpu") == "int4"
     tiny = make_tiny()
     assert not holds_in_4bit_blocks(tiny.model)
-    assert draft_quantization_for(tiny, "auto") == "int8"
+    assert copy_mode(tiny.model, "cpu") == "int8"
     with torch.no_grad():  # the same model with its weights put through 4-bit blocks
         for linear in tiny.model.modules():
             if type(linear) is nn.Linear:
                 linear.weight.copy_(dequantize_blocks(*quantize_blocks(linear.weight, 4), 4))
     assert holds_in_4bit_blocks(tiny.model)
-    assert draft_quantization_for(tiny, "auto") == "int4"
+    assert copy_mode(tiny.model, "cpu") == "int4"
     target, draft = load_pair(DEFAULT_TARGET, None, device="cpu", target_precision="fp32")
     assert draft.quantization == "int4"
     native, no_copy = load_pair(DEFAULT_TARGET, None, device="cpu")  # the file's own blocks are the target

@@ -120,7 +120,7 @@ def test_the_readings_count_this_process_cpu_time_in_the_machine_busy_time():
         pass
     after = take_sample()
     own = after.own - before.own
-    assert own >= 0.3 and after.wall > before.wall
+    assert own >= 0.3 - 0.02 and after.wall > before.wall  # the samples count in clock ticks (10 ms)
     # the kernel samples both in clock ticks, and a hypervisor may count a little as stolen
     assert after.busy - before.busy >= 0.5 * own, (after.busy - before.busy, own)
     assert after.busy - before.busy <= (after.wall - before.wall) * (os.cpu_count() or 1) + 0.1

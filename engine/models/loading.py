@@ -203,13 +203,15 @@ def load_folder_model(source: ModelSource, plan: LoadPlan, progress: ProgressCal
         "quantization_note": quantization_note(plan.quantization, plan.device),
         "source": source.kind,
     }
+    quantization = plan.quantization
     if plan.kind == "quantized":
         model, kernel_info = quantize_loaded_model(model, tokenizer, folder, torch_dtype, plan, progress)
         info.update(kernel_info)
+        quantization = kernel_info["quantization"]  # "auto" resolved
     info["memory_bytes"] = model_memory_bytes(model)
-    info["precision"] = precision_name(torch_dtype, plan.quantization)
+    info["precision"] = precision_name(torch_dtype, quantization)
     return LoadedModel(
-        source.spec, model, tokenizer, plan.device, torch_dtype, plan.quantization, path=folder, info=info
+        source.spec, model, tokenizer, plan.device, torch_dtype, quantization, path=folder, info=info
     )
 
 

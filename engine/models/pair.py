@@ -25,7 +25,7 @@ def load_pair(
     of it saves nothing). NO_DRAFT ("none") loads no draft model. A separate draft model that is a
     GGUF file runs in its own blocks where the target runs in its file's (engine.models.plan), and is
     otherwise quantized as `quantization` says ("auto": INT8; for a copy,
-    engine.models.quantize.draft_quantization_for). target_precision (fp32, bf16, int8, int4; None:
+    engine.kernels.kernel_choice.copy_mode). target_precision (fp32, bf16, int8, int4; None:
     the device's default) is the precision whose output Tandem reproduces.
     """
     from engine.models.compat import check_compatible
@@ -56,12 +56,9 @@ def draft_quantization(target: LoadedModel, source: str, copy: bool, asked: str,
     """The draft's quantization: as asked, or for "auto" the copy's kernel for its target, none for a
     GGUF draft beside a target on its file's blocks (it runs on its own), else INT8."""
     from engine.models.loading import native_gguf_file
-    from engine.models.quantize import draft_quantization_for
 
-    if asked != "auto":
+    if asked != "auto" or copy:  # a copy's "auto" is resolved as it is quantized
         return asked
-    if copy:
-        return draft_quantization_for(target, "auto")
     if target.quantization == "gguf" and native_gguf_file(source, device) is not None:
         return "none"
     return "int8"

@@ -26,7 +26,7 @@ class LoadPlan:
     kind: PlanKind
     device: Any  # torch.device
     dtype: str  # "auto", "float32", "bfloat16", "float16": the float dtype asked for
-    quantization: str  # "none", "int8", "int4"; "gguf" for a native plan
+    quantization: str  # "none", "int8", "int4", "auto" (a draft copy's, resolved as it is quantized); "gguf" for a native plan
     precision: str | None = None  # fp32, bf16, int8, int4 as the user said it; None: the default
     kernel: str | None = None  # a named quantized kernel instead of the fastest here (still checked)
 
@@ -50,7 +50,8 @@ def choose_plan(
 
     if precision is not None:
         dtype, quantization = precision_settings(precision, dtype, quantization)
-    validate_mode(quantization)
+    if quantization != "auto":  # a draft copy's: engine.kernels.kernel_choice.copy_mode
+        validate_mode(quantization)
     torch_device = resolve_device(device)
     on_its_blocks = precision is None and quantization == "none" and dtype in NATIVE_DTYPES
     if source.is_gguf and torch_device.type == "cpu" and on_its_blocks:

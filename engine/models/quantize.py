@@ -17,7 +17,7 @@ from typing import Any
 from engine.errors import SettingsError
 
 QUANTIZATION_MODES = ("none", "int8", "int4")
-# a draft's quantization may also be "auto": see draft_quantization_for
+# a draft's quantization may also be "auto": see engine.kernels.kernel_choice.copy_mode
 DRAFT_QUANTIZATIONS = ("auto", *QUANTIZATION_MODES)
 PRECISIONS = ("fp32", "bf16", "int8", "int4")
 
@@ -61,23 +61,6 @@ def precision_note(precision: str, device) -> str:
         "the CPU block kernels, which round each token alike however many are checked at once; where "
         "a kernel rounds them apart, Tandem does not draft for it."
     )
-
-
-def draft_quantization_for(target, mode: str) -> str:
-    """The quantization a copy of `target` drafts in: `mode`, or for "auto" INT4 where the target's
-    layers are 4-bit blocks already on a CPU (a Q4 GGUF, the built-in model: the copy's layers then
-    hold the target's own weights, and only its activations and LM head are rounded) and INT8
-    elsewhere. On the built-in model, greedy, same runs: the INT4 copy kept 95 % of its drafts against
-    the INT8 copy's 94 % at a tenth less time a draft token."""
-    if mode != "auto":
-        validate_mode(mode)
-        return mode
-    from engine.kernels import block_quant
-
-    on_cpu = getattr(target.device, "type", target.device) == "cpu"
-    if on_cpu and block_quant.build_error() is None and block_quant.holds_in_4bit_blocks(target.model):
-        return "int4"
-    return "int8"
 
 
 AUTO_NOTE = (
@@ -165,10 +148,11 @@ def quantize_loaded_model(model, tokenizer, folder, dtype, plan, progress=None):
     `folder`, quantized with the plan's kernel or the fastest that passes the check here."""
     from engine.kernels.quant_kernels import KERNELS
 
-    stage = f"Choosing an {plan.quantization.upper()} kernel for this machine"
+    mode = "a quantized" if plan.quantization == "auto" else f"an {plan.quantization.upper()}"
+    stage = f"Choosing {mode} kernel for this machine"
     if progress is not None:
         progress(stage, 0, 1)
-    reload = _reloader(folder, plan.device, dtype, plan.quantization)
+    reload = _reloader(folder, plan.device, dtype)
     chosen = None if plan.kernel is None else [KERNELS[plan.kernel]]
     model, kernel_info = quantize_checked(
         model, tokenizer, plan.quantization, plan.device, folder, reload, kernels=chosen
@@ -187,7 +171,7 @@ def quantize_checked(
 
     model, info = choose_checked(model, tokenizer, mode, device, folder, reload, kernels)
     info["quantization_note"] = _kernel_note(
-        mode, device, info["kernel"], info["kernel_summary"], info["kernels_refused"]
+        info["quantization"], device, info["kernel"], info["kernel_summary"], info["kernels_refused"]
     )
     return model, info
 
@@ -207,7 +191,7 @@ def quantize_model(loaded, mode: str):
         return loaded
     if loaded.quantization != "none":
         raise SettingsError("Quantize from the unquantized model, not from an already quantized one.")
-    reload = _reloader(loaded.path, loaded.device, loaded.dtype, mode) if loaded.path is not None else None
+    reload = _reloader(loaded.path, loaded.device, loaded.dtype) if loaded.path is not None else None
     source = copy.deepcopy(loaded.model)
     model, kernel_info = quantize_checked(source, loaded.tokenizer, mode, loaded.device, loaded.path, reload)
     info = dict(loaded.info)
@@ -221,15 +205,16 @@ def quantize_model(loaded, mode: str):
     )
 
 
-def _reloader(folder, device, dtype, mode: str):
-    """A function that loads `folder` quantized while loading (bitsandbytes), for quantize_checked."""
+def _reloader(folder, device, dtype):
+    """A function that loads `folder` quantized while loading (bitsandbytes) in a kernel's mode, for
+    quantize_checked."""
 
-    def reload(_kernel):
+    def reload(kernel):
         from transformers import AutoModelForCausalLM
 
         from engine.models.hf import from_pretrained
 
-        extra = load_time_quantization(mode, device, dtype)
+        extra = load_time_quantization(kernel.mode, device, dtype)
         return from_pretrained(AutoModelForCausalLM, folder, dtype=dtype, **extra).eval()
 
     return reload

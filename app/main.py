@@ -29,9 +29,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="save a PNG of the window (with --self-test: after the reply)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=None, metavar="SECONDS",
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
         help="with --self-test: how long to wait for the models and the reply (default 600)",
-    )  # fmt: skip
+    )
     return parser.parse_args(argv)
 
 

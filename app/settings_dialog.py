@@ -43,8 +43,13 @@ class SettingsDialog(QtWidgets.QDialog):
 
     applied = Signal(object)
 
-    def __init__(self, config: AppConfig, store=None, parent: QtWidgets.QWidget | None = None,
-                 probe_runner: Probes | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config: AppConfig,
+        store=None,
+        parent: QtWidgets.QWidget | None = None,
+        probe_runner: Probes | None = None,
+    ):
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self._store = store
@@ -216,13 +221,24 @@ class SettingsDialog(QtWidgets.QDialog):
         w = self.w
         for signal in (
             w.precision_combo.currentIndexChanged,
-            w.target_picker.changed, w.draft_picker.changed, w.drafter_combo.currentIndexChanged,
-            w.quantization_combo.currentIndexChanged, w.device_combo.currentIndexChanged,
-            w.dtype_combo.currentIndexChanged, w.compiled_combo.currentIndexChanged,
-            w.draft_on_cpu_box.toggled, w.adaptive_box.toggled, w.trees_box.toggled, w.server_radio.toggled,
-            w.server_url_edit.textChanged, w.stop_edit.textChanged, w.k_spin.valueChanged,
-            w.max_k_spin.valueChanged, w.p_min_spin.valueChanged, w.sampling.changed,
-        ):  # fmt: skip
+            w.target_picker.changed,
+            w.draft_picker.changed,
+            w.drafter_combo.currentIndexChanged,
+            w.quantization_combo.currentIndexChanged,
+            w.device_combo.currentIndexChanged,
+            w.dtype_combo.currentIndexChanged,
+            w.compiled_combo.currentIndexChanged,
+            w.draft_on_cpu_box.toggled,
+            w.adaptive_box.toggled,
+            w.trees_box.toggled,
+            w.server_radio.toggled,
+            w.server_url_edit.textChanged,
+            w.stop_edit.textChanged,
+            w.k_spin.valueChanged,
+            w.max_k_spin.valueChanged,
+            w.p_min_spin.valueChanged,
+            w.sampling.changed,
+        ):
             signal.connect(self._refresh)
 
     # --- state -----------------------------------------------------------------------------------
@@ -255,10 +271,14 @@ class SettingsDialog(QtWidgets.QDialog):
 
         self._ask("draft", (target, draft, tuple(listed)) if drafting else None, check_drafts)
         precision = config.target_precision
-        memory = dict(device=config.device, draft_on_cpu=config.draft_on_cpu,
-                      dtype={"fp32": "float32", "bf16": "bfloat16"}.get(precision, config.dtype),
-                      target_quantization=precision if precision in ("int8", "int4") else "none",
-                      draft_quantization=config.draft_quantization, target_precision=precision)  # fmt: skip
+        memory = dict(
+            device=config.device,
+            draft_on_cpu=config.draft_on_cpu,
+            dtype={"fp32": "float32", "bf16": "bfloat16"}.get(precision, config.dtype),
+            target_quantization=precision if precision in ("int8", "int4") else "none",
+            draft_quantization=config.draft_quantization,
+            target_precision=precision,
+        )
         self._ask(
             "memory",
             (target, draft if drafting else None, tuple(memory.items())) if local else None,

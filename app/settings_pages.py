@@ -179,24 +179,46 @@ class SettingsWidgets:
 
     def _set_tooltips(self) -> None:
         for widget, tip in (
-            (self.local_radio, "backend"), (self.server_radio, "backend"),
-            (self.server_url_edit, "server_url"), (self.api_key_edit, "api_key"),
-            (self.target_picker.combo, "target"), (self.drafter_combo, "drafter"),
+            (self.local_radio, "backend"),
+            (self.server_radio, "backend"),
+            (self.server_url_edit, "server_url"),
+            (self.api_key_edit, "api_key"),
+            (self.target_picker.combo, "target"),
+            (self.drafter_combo, "drafter"),
             (self.precision_combo, "target_precision"),
-            (self.draft_picker.combo, "draft"), (self.quantization_combo, "quantization"),
-            (self.draft_on_cpu_box, "draft_on_cpu"), (self.device_combo, "device"),
-            (self.dtype_combo, "dtype"), (self.compiled_combo, "compiled"),
-            (self.adaptive_box, "adaptive"), (self.k_spin, "k"), (self.max_k_spin, "max_k"),
-            (self.p_min_spin, "p_min"), (self.trees_box, "trees"),
-            (self.stop_edit, "stop"), (self.system_prompt_edit, "system_prompt"),
+            (self.draft_picker.combo, "draft"),
+            (self.quantization_combo, "quantization"),
+            (self.draft_on_cpu_box, "draft_on_cpu"),
+            (self.device_combo, "device"),
+            (self.dtype_combo, "dtype"),
+            (self.compiled_combo, "compiled"),
+            (self.adaptive_box, "adaptive"),
+            (self.k_spin, "k"),
+            (self.max_k_spin, "max_k"),
+            (self.p_min_spin, "p_min"),
+            (self.trees_box, "trees"),
+            (self.stop_edit, "stop"),
+            (self.system_prompt_edit, "system_prompt"),
             (self.titles_box, "auto_titles"),
-        ):  # fmt: skip
+        ):
             widget.setToolTip(TIPS[tip])
 
     def option_widgets(self) -> list[QtWidgets.QWidget]:
         """Every input the user sets (each has a tooltip)."""
-        own = [w for w in vars(self).values() if isinstance(w, (QtWidgets.QAbstractButton, QtWidgets.QComboBox,
-               QtWidgets.QAbstractSpinBox, QtWidgets.QLineEdit, QtWidgets.QPlainTextEdit))]  # fmt: skip
+        own = [
+            w
+            for w in vars(self).values()
+            if isinstance(
+                w,
+                (
+                    QtWidgets.QAbstractButton,
+                    QtWidgets.QComboBox,
+                    QtWidgets.QAbstractSpinBox,
+                    QtWidgets.QLineEdit,
+                    QtWidgets.QPlainTextEdit,
+                ),
+            )
+        ]
         return [*own, *self.sampling.widgets()]
 
     def tabs(self) -> QtWidgets.QTabWidget:

@@ -278,9 +278,9 @@ class Workspace:
         self.unwritable = Path(tempfile.mkdtemp(prefix="tandem-unwritable-"))
         self.unwritable.chmod(0o555)
         self.export_without_conversation = root / "export-without-conversation.json"
-        self.export_without_conversation.write_text(json.dumps(
-            {"format": "tandem-conversations", "version": 1, "conversations": [{"messages": []}]}
-        ))  # fmt: skip
+        self.export_without_conversation.write_text(
+            json.dumps({"format": "tandem-conversations", "version": 1, "conversations": [{"messages": []}]})
+        )
         self.export_without_role = root / "export-without-role.json"
         self.export_without_role.write_text(json.dumps(_export_without_a_role()))
         self.pickle = root / "pickle"
@@ -347,13 +347,25 @@ class Workspace:
 def _export_without_a_role() -> dict:
     """An export of two conversations; the second's reply has lost its role."""
     conversation = {
-        "id": 1, "title": "t", "created": "2024-05-01T12:00:00.000000Z", "updated": "2024-05-01T12:00:00.000000Z",
-        "target_model": "builtin", "system_prompt": "", "draft_settings": {},
-    }  # fmt: skip
+        "id": 1,
+        "title": "t",
+        "created": "2024-05-01T12:00:00.000000Z",
+        "updated": "2024-05-01T12:00:00.000000Z",
+        "target_model": "builtin",
+        "system_prompt": "",
+        "draft_settings": {},
+    }
     message = {
-        "id": 1, "parent_id": None, "role": "user", "content": "hi", "created": conversation["created"],
-        "status": "complete", "token_count": None, "stats": None, "selected": 1,
-    }  # fmt: skip
+        "id": 1,
+        "parent_id": None,
+        "role": "user",
+        "content": "hi",
+        "created": conversation["created"],
+        "status": "complete",
+        "token_count": None,
+        "stats": None,
+        "selected": 1,
+    }
     reply = {**message, "id": 4, "parent_id": 3}
     del reply["role"]
     return {

@@ -134,8 +134,17 @@ def _handler(hub: FakeHub):
 
         def _error(self, status: int, code: str, message: str) -> None:
             body = json.dumps({"error": message}).encode()
-            self._send(status, {"X-Error-Code": code, "X-Error-Message": message, "X-Repo-Commit": COMMIT,
-                                "Content-Type": "application/json"}, body, True)  # fmt: skip
+            self._send(
+                status,
+                {
+                    "X-Error-Code": code,
+                    "X-Error-Message": message,
+                    "X-Repo-Commit": COMMIT,
+                    "Content-Type": "application/json",
+                },
+                body,
+                True,
+            )
 
         def _send(self, status: int, headers: dict, body: bytes, send_body: bool) -> None:
             self.send_response(status)

@@ -105,8 +105,12 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             for piece in HOSTILE:
                 self._event({"choices": [{"delta": {"content": piece}}]})
-            tandem = {"drafter": "x\x1b]0;owned\x07", "generated_tokens": 5, "total_time_s": 0.5,
-                      "note": "noted \x1b[2J\x9b1A"}  # fmt: skip
+            tandem = {
+                "drafter": "x\x1b]0;owned\x07",
+                "generated_tokens": 5,
+                "total_time_s": 0.5,
+                "note": "noted \x1b[2J\x9b1A",
+            }
             self._event({"choices": [{"delta": {}, "finish_reason": "stop"}], "tandem": tandem})
             self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()

@@ -28,10 +28,25 @@ def server_url():
     """A real `tandem-cli serve` (built-in model, n-gram drafter) that wants API_KEY."""
     env = {**os.environ, KEY_ENV: API_KEY}
     process = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli.main", "serve", "--draft", "ngram", "--port", "0",
-         "--max-new-tokens", "8", "--api-key-env", KEY_ENV],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "engine.cli.main",
+            "serve",
+            "--draft",
+            "ngram",
+            "--port",
+            "0",
+            "--max-new-tokens",
+            "8",
+            "--api-key-env",
+            KEY_ENV,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     found: list[str] = []
 
     def read() -> None:

@@ -10,9 +10,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_FREE = (
-    "engine.errors", "engine.paths", "engine.settings", "engine.events", "engine.stats", "engine.backend",
-)  # fmt: skip
-MAX_LINES = 450
+    "engine.errors",
+    "engine.paths",
+    "engine.settings",
+    "engine.events",
+    "engine.stats",
+    "engine.backend",
+)
+MAX_LINES = 500  # the formatter wraps calls; a module over this says why
 LONG_REASON = "Longer than usual because"
 
 
@@ -163,9 +168,13 @@ def test_gui_modules_import_neither_torch_nor_transformers():
         "print(','.join(heavy))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"QT_QPA_PLATFORM": "offscreen", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
 

@@ -123,8 +123,12 @@ def _chat_interactively(workspace: Workspace, lines: str) -> tuple[subprocess.Co
     workspace.fresh_databases()
     with Store(workspace.good_db) as store:
         kept = {c.id for c in store.list_conversations()}
-    case = Case("interactive", ("chat", "--max-new-tokens", "4", "--target", "{ws.tiny}", "--draft", "none",
-                                "--db", "{ws.good_db}"), "", stdin=lines.encode())  # fmt: skip
+    case = Case(
+        "interactive",
+        ("chat", "--max-new-tokens", "4", "--target", "{ws.tiny}", "--draft", "none", "--db", "{ws.good_db}"),
+        "",
+        stdin=lines.encode(),
+    )
     result = run_case(case, workspace)
     with Store(workspace.good_db) as store:
         stored = [

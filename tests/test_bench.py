@@ -107,9 +107,10 @@ def test_limit_takes_categories_in_turn_and_categories_filter():
 
 
 def test_min_turns_keeps_the_multi_turn_questions():
-    prompts = [bench_prompts.BenchPrompt(i, cat, ("x",) * turns) for i, (cat, turns) in enumerate(
-        [("a", 1), ("a", 2), ("b", 3), ("b", 1)]
-    )]  # fmt: skip
+    prompts = [
+        bench_prompts.BenchPrompt(i, cat, ("x",) * turns)
+        for i, (cat, turns) in enumerate([("a", 1), ("a", 2), ("b", 3), ("b", 1)])
+    ]
     assert [p.question_id for p in bench_prompts.select_prompts(prompts, min_turns=2)] == [1, 2]
     assert [p.question_id for p in bench_prompts.select_prompts(prompts, ["b"], min_turns=2)] == [2]
     assert len(bench_prompts.select_prompts(prompts)) == 4
@@ -413,15 +414,22 @@ def test_bench_command_on_builtin_pair(tmp_path, capsys):
     code = main(
         [
             "bench",
-            "--draft", "ngram",
-            "--methods", "baseline,tandem,tandem-head",
-            "--limit", "2",
-            "--max-new-tokens", "16",
-            "--warmup", "0",
-            "--json", str(out),
-            "--plots", str(plots),
+            "--draft",
+            "ngram",
+            "--methods",
+            "baseline,tandem,tandem-head",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "16",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+            "--plots",
+            str(plots),
         ]
-    )  # fmt: skip
+    )
     assert code == 0
     report = json.loads(out.read_text())
     assert report["config"]["prompt_count"] == 2

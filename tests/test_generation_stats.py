@@ -35,8 +35,12 @@ def test_no_figure_without_a_baseline():
 
 
 def test_per_round_drafter_counts_and_derived_figures():
-    s = stats(drafter_history=["ngram", "none", "ngram", "model:x"], per_position_drafted=[4, 2],
-              per_position_accepted=[2, 2], accepted_lengths=[3, 1, 2, 1])  # fmt: skip
+    s = stats(
+        drafter_history=["ngram", "none", "ngram", "model:x"],
+        per_position_drafted=[4, 2],
+        per_position_accepted=[2, 2],
+        accepted_lengths=[3, 1, 2, 1],
+    )
     assert s.drafter_rounds == {"ngram": 2, "none": 1, "model:x": 1}
     data = s.to_dict()
     assert data["per_position_acceptance"] == [0.5, 1.0]
@@ -62,8 +66,16 @@ def test_one_verdict_for_faster_slower_and_plain():
 def timed(speedup: float) -> GenerationStats:
     """A reply that drafted, with plain steps of its own at 0.1 s a token and rounds `speedup` times
     cheaper per token."""
-    return stats(drafter="ngram", rounds=40, drafted=60, accepted=30, plain_steps=MIN_PLAIN_STEPS,
-                 plain_step_time_s=MIN_PLAIN_STEPS * 0.1, round_tokens=100, round_time_s=10.0 / speedup)  # fmt: skip
+    return stats(
+        drafter="ngram",
+        rounds=40,
+        drafted=60,
+        accepted=30,
+        plain_steps=MIN_PLAIN_STEPS,
+        plain_step_time_s=MIN_PLAIN_STEPS * 0.1,
+        round_tokens=100,
+        round_time_s=10.0 / speedup,
+    )
 
 
 def test_within_three_percent_of_one_is_about_the_same_neither_faster_nor_slower():
@@ -85,8 +97,11 @@ def test_the_speedup_is_the_rounds_cost_per_token_against_plain_rounds_timed_ali
 @pytest.fixture(scope="module")
 def engine_on(target):
     def make(drafter: str, tokens: int = 24) -> ChatEngine:
-        engine = ChatEngine(target, speculation=SpeculationSettings(drafter=drafter),
-                            sampling=SamplingSettings(max_new_tokens=tokens))  # fmt: skip
+        engine = ChatEngine(
+            target,
+            speculation=SpeculationSettings(drafter=drafter),
+            sampling=SamplingSettings(max_new_tokens=tokens),
+        )
         engine.prepare()
         return engine
 

@@ -501,9 +501,29 @@ def test_train_head_writes_texts_works_on_them_resumes_and_goes_on_from_a_head(t
     from engine.models.loading import load_model
 
     out = tmp_path / "head"
-    argv = ["train-head", "--target", str(tiny_model_dir), "--out", str(out), "--prompts", "8", "--answer-tokens", "6",
-            "--epochs", "1", "--steps", "2", "--draft-vocab", "256", "--batch", "4", "--written-share", "0.5",
-            "--device", "cpu"]  # fmt: skip
+    argv = [
+        "train-head",
+        "--target",
+        str(tiny_model_dir),
+        "--out",
+        str(out),
+        "--prompts",
+        "8",
+        "--answer-tokens",
+        "6",
+        "--epochs",
+        "1",
+        "--steps",
+        "2",
+        "--draft-vocab",
+        "256",
+        "--batch",
+        "4",
+        "--written-share",
+        "0.5",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     written = [entry["text"] for entry in json.loads((out / "work" / "passages.json").read_text())]
     assert len(written) == 3  # 4 tasks over texts at 2 a text, plus a quarter spare
@@ -518,8 +538,29 @@ def test_train_head_writes_texts_works_on_them_resumes_and_goes_on_from_a_head(t
     assert main([*argv[:-2], "--written-share", "1.5"]) == 2
 
     further = tmp_path / "further"
-    assert main([*argv[:4], str(further), "--prompts", "4", "--answer-tokens", "6", "--epochs", "1",
-                 "--written-share", "0", "--seed", "1", "--init-from", str(out), "--device", "cpu"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                *argv[:4],
+                str(further),
+                "--prompts",
+                "4",
+                "--answer-tokens",
+                "6",
+                "--epochs",
+                "1",
+                "--written-share",
+                "0",
+                "--seed",
+                "1",
+                "--init-from",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     trained_on = load_head(further, load_model(str(tiny_model_dir), device="cpu").model)
     assert torch.equal(trained_on.draft_ids, head.draft_ids)  # the vocabulary stays
     assert not torch.equal(trained_on.fc.weight, head.fc.weight)  # trained on from the first head
@@ -557,9 +598,31 @@ def test_the_target_writes_user_questions_that_train_the_head_and_bad_shares_are
     from engine.cli.main import main
 
     out = tmp_path / "head"
-    argv = ["train-head", "--target", str(tiny_model_dir), "--out", str(out), "--prompts", "6", "--answer-tokens", "4",
-            "--epochs", "1", "--steps", "1", "--draft-vocab", "128", "--batch", "3", "--generate-batch", "4",
-            "--asked-share", "0.5", "--device", "cpu"]  # fmt: skip
+    argv = [
+        "train-head",
+        "--target",
+        str(tiny_model_dir),
+        "--out",
+        str(out),
+        "--prompts",
+        "6",
+        "--answer-tokens",
+        "4",
+        "--epochs",
+        "1",
+        "--steps",
+        "1",
+        "--draft-vocab",
+        "128",
+        "--batch",
+        "3",
+        "--generate-batch",
+        "4",
+        "--asked-share",
+        "0.5",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     asked = json.loads((out / "work" / "questions.json").read_text())
     assert len(asked) == 4  # 3 questions wanted, a third more asked for

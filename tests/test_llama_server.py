@@ -54,10 +54,32 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{self.port}"
         # one thread: llama.cpp's threads spin while waiting, which starves a shared 2-core machine
         self.process = subprocess.Popen(
-            [str(SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port), "-t", "1", "-c", "2048",
-             "-np", "1", "--poll", "0", "--metrics", "--no-webui", "-a", "smollm2", *[gguf if a == "{gguf}" else a for a in extra]],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                str(SERVER),
+                "-m",
+                gguf,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "-t",
+                "1",
+                "-c",
+                "2048",
+                "-np",
+                "1",
+                "--poll",
+                "0",
+                "--metrics",
+                "--no-webui",
+                "-a",
+                "smollm2",
+                *[gguf if a == "{gguf}" else a for a in extra],
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 180
         while True:
             if self.process.poll() is not None:
@@ -107,8 +129,9 @@ def draft_server():
 @pytest.fixture(scope="module")
 def ngram_server():
     # short n-grams: the defaults (12-token lookups) rarely match in a reply of a few dozen tokens
-    server = LlamaServer("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
-                         "--spec-ngram-simple-size-m", "8")  # fmt: skip
+    server = LlamaServer(
+        "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"
+    )
     yield server
     server.stop()
 
@@ -184,10 +207,23 @@ def test_llama_server_ngram_speculation(plain_server, ngram_server):
 
 def test_cli_chat_shows_llama_servers_stats(draft_server):
     result = subprocess.run(
-        [sys.executable, "-m", "engine.cli.main", "chat", "--server", draft_server.url, "--message",
-         PROMPT[0]["content"], "--max-new-tokens", "16", "--stats"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "engine.cli.main",
+            "chat",
+            "--server",
+            draft_server.url,
+            "--message",
+            PROMPT[0]["content"],
+            "--max-new-tokens",
+            "16",
+            "--stats",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "drafter llama.cpp:speculative" in result.stderr and "acceptance" in result.stderr
@@ -241,9 +277,12 @@ def test_the_llama_cpp_method_prefills_every_question_whole(monkeypatch, builtin
     monkeypatch.setenv("TANDEM_LLAMA_CPP_BIN", str(LLAMA_BIN))
     tokenizer = builtin_tokenizer
     runner = LlamaCppRunner(
-        Method("llama-cpp", "llama-cpp"), DEFAULT_TARGET, SamplingSettings(temperature=0.0, max_new_tokens=8),
-        threads=1, context=2048,
-    )  # fmt: skip
+        Method("llama-cpp", "llama-cpp"),
+        DEFAULT_TARGET,
+        SamplingSettings(temperature=0.0, max_new_tokens=8),
+        threads=1,
+        context=2048,
+    )
     try:
         first = chat_prompt_ids(tokenizer, PROMPT)
         for _ in range(2):

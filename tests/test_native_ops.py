@@ -135,17 +135,30 @@ def test_two_checkouts_starting_together_build_the_library_once(tmp_path):
         (native / "stub.cpp").write_text(STUB_SOURCE)
         checkouts.append(tmp_path / name)
     find_folder = "from engine.kernels import native_ops; print(native_ops.build_folder())"
-    folder = subprocess.run([sys.executable, "-c", find_folder], capture_output=True, text=True, env=env,
-                            cwd=checkouts[0], timeout=WAIT_S, check=True).stdout.strip()  # fmt: skip
+    folder = subprocess.run(
+        [sys.executable, "-c", find_folder],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=checkouts[0],
+        timeout=WAIT_S,
+        check=True,
+    ).stdout.strip()
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, folder], stdout=subprocess.PIPE, text=True)
     starters: list[subprocess.Popen] = []
     try:
         assert holder.stdout.readline() == "held\n"
         for checkout, mode in zip(checkouts, ("progress", "stderr"), strict=True):
-            starters.append(subprocess.Popen(
-                [sys.executable, "-c", STARTER, str(checkout), mode], cwd=checkout, env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            ))  # fmt: skip
+            starters.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", STARTER, str(checkout), mode],
+                    cwd=checkout,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         # the one with a progress callback says it there; the other on stderr
         lines: list[list[str]] = [[], []]
         streams = (starters[0].stdout, starters[1].stderr)

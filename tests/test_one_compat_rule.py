@@ -30,9 +30,16 @@ def tokenizer_folder(source, destination, edit=None):
 def add_one_token(data):
     used = set(data["model"]["vocab"].values()) | {t["id"] for t in data["added_tokens"]}
     data["added_tokens"].append(
-        {"id": max(used) + 1, "content": "<|tool_call|>", "single_word": False, "lstrip": False,
-         "rstrip": False, "normalized": False, "special": True}
-    )  # fmt: skip
+        {
+            "id": max(used) + 1,
+            "content": "<|tool_call|>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
 
 
 def swap_two_tokens(data):

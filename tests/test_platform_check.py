@@ -44,10 +44,32 @@ def test_a_plugin_whose_library_is_gone_is_reported_with_its_package(tmp_path):
     libxcb-icccm.so.4 on a stock Debian: ldd finds it missing and its package is named."""
     (tmp_path / "gone.c").write_text("int gone(void) { return 1; }\n")
     (tmp_path / "plugin.c").write_text("int gone(void);\nint plugin(void) { return gone(); }\n")
-    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libxcb-tandemtest.so.4", "-o",
-                    str(tmp_path / "libxcb-tandemtest.so"), str(tmp_path / "gone.c")], check=True)  # fmt: skip
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "libqxcb.so"), str(tmp_path / "plugin.c"),
-                    "-Wl,--no-as-needed", f"-L{tmp_path}", "-lxcb-tandemtest"], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libxcb-tandemtest.so.4",
+            "-o",
+            str(tmp_path / "libxcb-tandemtest.so"),
+            str(tmp_path / "gone.c"),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(tmp_path / "libqxcb.so"),
+            str(tmp_path / "plugin.c"),
+            "-Wl,--no-as-needed",
+            f"-L{tmp_path}",
+            "-lxcb-tandemtest",
+        ],
+        check=True,
+    )
     (tmp_path / "libxcb-tandemtest.so").unlink()
     found = platform_check.problem(tmp_path / "libqxcb.so")
     assert found is not None and "sudo apt-get install libxcb-tandemtest4" in found

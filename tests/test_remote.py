@@ -73,8 +73,15 @@ def test_a_page_without_speculative_counters_reports_none():
 
 def test_tandems_own_page_reads_back_with_the_same_parser():
     served = ServerMetrics()
-    stats = GenerationStats(drafter="ngram", drafted=7, accepted=4, generated_tokens=12, prompt_tokens=30,
-                            per_position_drafted=[3, 2, 2], per_position_accepted=[2, 1, 1])  # fmt: skip
+    stats = GenerationStats(
+        drafter="ngram",
+        drafted=7,
+        accepted=4,
+        generated_tokens=12,
+        prompt_tokens=30,
+        per_position_drafted=[3, 2, 2],
+        per_position_accepted=[2, 1, 1],
+    )
     served.add_generation(stats)
     served.add_generation(stats)
     served.count_request("completed")

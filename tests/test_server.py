@@ -38,8 +38,11 @@ class ServerProcess:
         self.env = {**os.environ, KEY_ENV: API_KEY, **(env or {})}
         self.process = subprocess.Popen(
             [*CLI, "serve", "--draft", "ngram", "--port", "0", "--max-new-tokens", "24", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
         self.stderr: list[str] = []
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         self.url = self._wait_for_url()
@@ -184,9 +187,13 @@ def test_streaming_matches_plain_reply_through_the_openai_client(server):
     api = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
     plain = api.chat.completions.create(model=DEFAULT_TARGET, messages=PROMPT, temperature=0, max_tokens=20)
     stream = api.chat.completions.create(
-        model=DEFAULT_TARGET, messages=PROMPT, temperature=0, max_tokens=20, stream=True,
+        model=DEFAULT_TARGET,
+        messages=PROMPT,
+        temperature=0,
+        max_tokens=20,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     pieces, usage, finish = [], None, None
     for chunk in stream:
         for choice in chunk.choices:
@@ -482,8 +489,12 @@ def test_full_queue_answers_503_and_queued_requests_still_complete(server, clien
         results: list[int] = []
 
         def queued() -> None:
-            response = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=4),
-                                  headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300)  # fmt: skip
+            response = httpx.post(
+                f"{server.url}/v1/chat/completions",
+                json=chat_body(max_tokens=4),
+                headers={"Authorization": f"Bearer {API_KEY}"},
+                timeout=300,
+            )
             results.append(response.status_code)
 
         waiting = [threading.Thread(target=queued) for _ in range(2)]
@@ -525,8 +536,12 @@ def test_client_disconnect_cancels_generation(client):
 def test_non_streaming_client_that_gives_up_cancels_too(server, client):
     cancelled = outcome_count(client, "cancelled")
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/chat/completions", json=chat_body(LONG_PROMPT, max_tokens=400),
-                   headers={"Authorization": f"Bearer {API_KEY}"}, timeout=httpx.Timeout(2.0, connect=5.0))  # fmt: skip
+        httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json=chat_body(LONG_PROMPT, max_tokens=400),
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            timeout=httpx.Timeout(2.0, connect=5.0),
+        )
     wait_until(lambda: outcome_count(client, "cancelled") == cancelled + 1, what="the cancel")
     wait_until(lambda: client.get("/health").json()["queue_depth"] == 0, what="the engine to stop")
 
@@ -553,9 +568,11 @@ def test_cancel_latency_is_measured(client, tmp_path):
             token_gaps.extend(later - earlier for earlier, later in itertools.pairwise(arrivals))
             closed = time.monotonic()
         wait_until(
-            lambda count=count: metrics(client).get(("tandem:cancel_latency_seconds_count", ()), 0.0) == count + 1,
+            lambda count=count: (
+                metrics(client).get(("tandem:cancel_latency_seconds_count", ()), 0.0) == count + 1
+            ),
             what="the cancel",
-        )  # fmt: skip
+        )
         observed.append(time.monotonic() - closed)
         wait_until(lambda: client.get("/health").json()["queue_depth"] == 0, what="the engine to stop")
         tokens = ("tandem:generation_tokens_total", ())
@@ -583,8 +600,13 @@ def test_sixteen_concurrent_streams_each_complete_or_get_503(server, client):
     def one_client(i: int) -> None:
         body = chat_body([{"role": "user", "content": f"Say the number {i}."}], stream=True, max_tokens=6)
         try:
-            with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(300, connect=10),
-                              headers={"Authorization": f"Bearer {API_KEY}"}) as response:  # fmt: skip
+            with httpx.stream(
+                "POST",
+                f"{server.url}/v1/chat/completions",
+                json=body,
+                timeout=httpx.Timeout(300, connect=10),
+                headers={"Authorization": f"Bearer {API_KEY}"},
+            ) as response:
                 if response.status_code == 503:
                     response.read()
                     outcome = "busy" if response.json()["error"]["code"] == "server_busy" else "bad-503"
@@ -695,10 +717,26 @@ def test_cli_chat_against_the_server_stores_the_conversation(server, tmp_path):
 
     db = tmp_path / "chat.db"
     result = subprocess.run(
-        [*CLI, "chat", "--server", server.url, "--api-key-env", KEY_ENV, "--message", "List the days of the week.",
-         "--max-new-tokens", "16", "--stats", "--db", str(db)],
-        capture_output=True, text=True, timeout=300, env=server.env,
-    )  # fmt: skip
+        [
+            *CLI,
+            "chat",
+            "--server",
+            server.url,
+            "--api-key-env",
+            KEY_ENV,
+            "--message",
+            "List the days of the week.",
+            "--max-new-tokens",
+            "16",
+            "--stats",
+            "--db",
+            str(db),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=server.env,
+    )
     assert result.returncode == 0, result.stderr
     assert "drafter ngram" in result.stderr
     with Store(db) as store:
@@ -711,8 +749,13 @@ def test_cli_chat_against_the_server_stores_the_conversation(server, tmp_path):
 
 def test_cli_chat_with_a_wrong_key_says_so(server):
     env = {**server.env, KEY_ENV: "wrong"}
-    result = subprocess.run([*CLI, "chat", "--server", server.url, "--api-key-env", KEY_ENV, "--message", "hi"],
-                            capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    result = subprocess.run(
+        [*CLI, "chat", "--server", server.url, "--api-key-env", KEY_ENV, "--message", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert result.returncode == 2
     assert "API key" in result.stderr and "Traceback" not in result.stderr
 
@@ -723,10 +766,23 @@ def test_kill_9_of_the_server_mid_stream_keeps_the_reply_as_interrupted(tmp_path
     doomed = ServerProcess("--api-key-env", KEY_ENV, "--max-new-tokens", "400")
     db = tmp_path / "chat.db"
     chat = subprocess.Popen(
-        [*CLI, "chat", "--server", doomed.url, "--api-key-env", KEY_ENV, "--message", LONG_PROMPT[0]["content"],
-         "--db", str(db)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doomed.env,
-    )  # fmt: skip
+        [
+            *CLI,
+            "chat",
+            "--server",
+            doomed.url,
+            "--api-key-env",
+            KEY_ENV,
+            "--message",
+            LONG_PROMPT[0]["content"],
+            "--db",
+            str(db),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=doomed.env,
+    )
     try:
         printed = ""
         while len(printed.split()) < 5:  # a few words of the reply have arrived

@@ -141,8 +141,10 @@ def test_the_openai_client_curl_and_the_remote_backend_still_work(server):
     body = json.dumps(chat_body(max_tokens=4))
     done = subprocess.run(
         ["curl", "-sS", "-H", "Content-Type: application/json", "-d", body, url],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and json.loads(done.stdout)["choices"][0]["message"]["content"], done.stderr
     forgot = subprocess.run(["curl", "-sS", "-d", body, url], capture_output=True, text=True, timeout=120)
     assert json.loads(forgot.stdout)["error"]["code"] == "unsupported_media_type"
@@ -152,7 +154,8 @@ def test_the_openai_client_curl_and_the_remote_backend_still_work(server):
 def test_cors_origin_takes_an_origin(origin):
     from test_server import CLI
 
-    done = subprocess.run([*CLI, "serve", "--port", "0", "--cors-origin", origin], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [*CLI, "serve", "--port", "0", "--cors-origin", origin], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "--cors-origin takes" in done.stderr

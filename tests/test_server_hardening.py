@@ -53,9 +53,11 @@ def test_a_body_of_tiny_arrays_is_refused_unparsed_while_a_stream_and_health_go_
 
     def send_hostile() -> None:
         answers["hostile"] = httpx.post(
-            f"{server.url}/v1/chat/completions", content=hostile,
-            headers={"Content-Type": "application/json"}, timeout=120,
-        )  # fmt: skip
+            f"{server.url}/v1/chat/completions",
+            content=hostile,
+            headers={"Content-Type": "application/json"},
+            timeout=120,
+        )
         order.append("hostile answered")
 
     body = chat_body(LONG_PROMPT, stream=True, max_tokens=200)

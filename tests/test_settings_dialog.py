@@ -325,8 +325,13 @@ def test_the_kernel_in_use_and_why_is_shown(qtbot, store):
     from app.bridge import EngineInfo, kernel_lines
     from app.qt import QtWidgets
 
-    draft = SimpleNamespace(info={"kernel": "fbgemm-int8", "kernel_summary": "INT8 (fbgemm, dynamic)",
-                                  "kernel_reason": "fastest kernel here"})  # fmt: skip
+    draft = SimpleNamespace(
+        info={
+            "kernel": "fbgemm-int8",
+            "kernel_summary": "INT8 (fbgemm, dynamic)",
+            "kernel_reason": "fastest kernel here",
+        }
+    )
     lines = kernel_lines(SimpleNamespace(info={}), draft)
     assert lines == ("draft: INT8 (fbgemm, dynamic) — fastest kernel here",)
 

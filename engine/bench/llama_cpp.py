@@ -70,8 +70,23 @@ class LlamaServerProcess:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        command = [str(llama_server_path()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                   "-t", str(threads), "-c", str(context), "-np", "1", "--no-webui", *extra]  # fmt: skip
+        command = [
+            str(llama_server_path()),
+            "-m",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-t",
+            str(threads),
+            "-c",
+            str(context),
+            "-np",
+            "1",
+            "--no-webui",
+            *extra,
+        ]
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent
         )

@@ -278,10 +278,19 @@ def decode_answer(tokenizer, token_ids: list[int]) -> str:
 
 
 def build_runners(
-    methods: list[Method], target, draft, draft_kind: str, sampling, hf: HFSettings, max_k: int = 8,
-    compiled: str = "auto", head_source: str | None = None, trees: bool = True,
-    head_vocab: int | None = None, progress=None,
-):  # fmt: skip
+    methods: list[Method],
+    target,
+    draft,
+    draft_kind: str,
+    sampling,
+    hf: HFSettings,
+    max_k: int = 8,
+    compiled: str = "auto",
+    head_source: str | None = None,
+    trees: bool = True,
+    head_vocab: int | None = None,
+    progress=None,
+):
     """draft_kind: 'model', 'ngram', 'head' or 'none', what --draft asked for; head_source: the folder
     of `--draft head:DIR` (None: the shipped head). With compiled "auto" a CPU target's compiled
     forward is built first where no earlier run built it (once per machine): the bench measures the
@@ -289,9 +298,13 @@ def build_runners(
     from engine.settings import SpeculationSettings
 
     drafters = {
-        "baseline": "none", "tandem": draft_kind, "tandem-ngram": "ngram", "tandem-suffix": "suffix",
-        "tandem-head": "head", "tandem-auto": "auto",
-    }  # fmt: skip
+        "baseline": "none",
+        "tandem": draft_kind,
+        "tandem-ngram": "ngram",
+        "tandem-suffix": "suffix",
+        "tandem-head": "head",
+        "tandem-auto": "auto",
+    }
     engine = eager_engine = None
     runners = []
     for method in methods:

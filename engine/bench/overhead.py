@@ -70,8 +70,15 @@ def main(argv: list[str] | None = None) -> int:
             (local_s, local_text, tokens), (served_s, served_text, _) = timed["local"], timed["served"]
             if local_text != served_text:
                 raise SystemExit(f"served and in-process replies differ for {prompt!r}")
-            rows.append({"prompt": prompt, "tokens": tokens, "local_s": local_s, "served_s": served_s,
-                         "overhead_ms_per_token": (served_s - local_s) / tokens * 1000})  # fmt: skip
+            rows.append(
+                {
+                    "prompt": prompt,
+                    "tokens": tokens,
+                    "local_s": local_s,
+                    "served_s": served_s,
+                    "overhead_ms_per_token": (served_s - local_s) / tokens * 1000,
+                }
+            )
     remote.close()
     server.should_exit = True
     thread.join(10)

@@ -172,8 +172,14 @@ def plot_theory(report: dict, path: Path) -> Path:
             ax.plot(*zip(*points, strict=True), "o", color=color, label=f"{family}: measured")
         for _, m in methods:
             if m.get("k") == "adaptive" and m.get("mean_k") is not None and m.get("speedup_vs_baseline"):
-                ax.plot(m["mean_k"], m["speedup_vs_baseline"], "*", markersize=12, color=color,
-                        label=f"{family}: adaptive (at mean K)")  # fmt: skip
+                ax.plot(
+                    m["mean_k"],
+                    m["speedup_vs_baseline"],
+                    "*",
+                    markersize=12,
+                    color=color,
+                    label=f"{family}: adaptive (at mean K)",
+                )
         drawn = True
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("K (draft tokens per round)")

@@ -115,8 +115,17 @@ def gguf_files(name: str, types: list[str], work: Path) -> dict[str, Path]:
     bf16 = work / f"{name}-bf16.gguf"
     if not bf16.is_file():
         folder = random_folder(name, work / f"{name}-hf")
-        run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder), "--outtype", "bf16",
-             "--outfile", str(bf16)])  # fmt: skip
+        run(
+            [
+                sys.executable,
+                str(source / "convert_hf_to_gguf.py"),
+                str(folder),
+                "--outtype",
+                "bf16",
+                "--outfile",
+                str(bf16),
+            ]
+        )
         shutil.rmtree(folder)
     for kind, path in wanted.items():
         if not path.is_file():
@@ -180,9 +189,24 @@ def measure_llama_cpp(path: Path, threads: int) -> dict:
 
     bench = llama_server_path().with_name("llama-bench")
     done = subprocess.run(
-        [str(bench), "-m", str(path), "-t", str(threads), "-p", str(PROMPT_TOKENS), "-n", "32", "-r", "3",
-         "-o", "json"], capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            str(bench),
+            "-m",
+            str(path),
+            "-t",
+            str(threads),
+            "-p",
+            str(PROMPT_TOKENS),
+            "-n",
+            "32",
+            "-r",
+            "3",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         return {"error": done.stderr.strip()[-300:]}
     rows = json.loads(done.stdout)

@@ -150,18 +150,20 @@ def run(
         stats = finished.stats
         decode = stats.generated_tokens / max(stats.total_time_s - stats.prefill_time_s, 1e-9)
         speed_up_bound, best_k = bound(simulation.realized or alpha, draft_cost, verify_cost)
-        rows.append({
-            "alpha": alpha,
-            "alpha_realized": simulation.realized,
-            "identical_to_target_alone": list(finished.token_ids) == list(plain.token_ids),
-            "decode_tokens_per_s": decode,
-            "speed_up": decode / plain_decode,
-            "bound": speed_up_bound,
-            "bound_k": best_k,
-            "kept_per_drafted": stats.accepted / stats.drafted if stats.drafted else None,
-            "tokens_per_round": stats.generated_tokens / stats.rounds if stats.rounds else None,
-            "mean_k": sum(stats.k_history) / len(stats.k_history) if stats.k_history else 0.0,
-        })  # fmt: skip
+        rows.append(
+            {
+                "alpha": alpha,
+                "alpha_realized": simulation.realized,
+                "identical_to_target_alone": list(finished.token_ids) == list(plain.token_ids),
+                "decode_tokens_per_s": decode,
+                "speed_up": decode / plain_decode,
+                "bound": speed_up_bound,
+                "bound_k": best_k,
+                "kept_per_drafted": stats.accepted / stats.drafted if stats.drafted else None,
+                "tokens_per_round": stats.generated_tokens / stats.rounds if stats.rounds else None,
+                "mean_k": sum(stats.k_history) / len(stats.k_history) if stats.k_history else 0.0,
+            }
+        )
         print(json.dumps({"label": LABEL, **rows[-1]}), flush=True)
     return {
         "label": LABEL,

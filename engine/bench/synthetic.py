@@ -167,10 +167,15 @@ def run(
         "environment",
         lambda: dict(
             device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            torch=torch.__version__, transformers=__import__("transformers").__version__, dtype=str(dtype),
-            pair=pair, prompts=prompts_n, prompt_tokens=prompt_len, new_tokens=new_tokens,
+            torch=torch.__version__,
+            transformers=__import__("transformers").__version__,
+            dtype=str(dtype),
+            pair=pair,
+            prompts=prompts_n,
+            prompt_tokens=prompt_len,
+            new_tokens=new_tokens,
         ),
-    )  # fmt: skip
+    )
     begun = time.perf_counter()
     target = build_model(target_name, device, dtype, seed=0)
     # the draft's vocabulary padded to the target's (Qwen2.5's differ by padding rows alone): a random
@@ -188,10 +193,12 @@ def run(
         runners["graphed"] = runner_for(target, device, True, max_seq)
         kv = sum(c.k_cache.numel() * c.k_cache.element_size() * 2 for c in runners["graphed"].fast.kv_caches)
         return dict(
-            build_s=round(built_s, 1), target_gb=model_bytes(target) / 1e9, draft_gb=model_bytes(draft) / 1e9,
+            build_s=round(built_s, 1),
+            target_gb=model_bytes(target) / 1e9,
+            draft_gb=model_bytes(draft) / 1e9,
             target_kv_gb_per_1k_tokens=kv / max_seq * 1000 / 1e9,
             allocated_gb=torch.cuda.memory_allocated(device) / 1e9 if device.type == "cuda" else None,
-        )  # fmt: skip
+        )
 
     report.part("memory", memory)
 

@@ -65,17 +65,22 @@ def add_model_options(parser: argparse.ArgumentParser, default_draft: str | None
 
 def add_context_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--context", type=int, default=None, metavar="TOKENS",
+        "--context",
+        type=int,
+        default=None,
+        metavar="TOKENS",
         help=f"tokens a conversation may hold, prompt and reply together; the KV cache is allocated at this "
         f"size (default {DEFAULT_CONTEXT_TOKENS:,}, or the model's own context where that is shorter)",
-    )  # fmt: skip
+    )
 
 
 def add_trees_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--trees", choices=["on", "off"], default="on",
+        "--trees",
+        choices=["on", "off"],
+        default="on",
         help="verify a drafter's other candidates as a token tree where the measured cost allows (default on)",
-    )  # fmt: skip
+    )
 
 
 def add_chat_parser(subparsers) -> None:
@@ -91,9 +96,12 @@ def add_chat_parser(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
-        "--stop", action="append", default=[], metavar="TEXT",
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
         help="end the reply before this text (repeat for several)",
-    )  # fmt: skip
+    )
     parser.add_argument("--system", default=None, help="system prompt")
     parser.add_argument(
         "--message",

@@ -179,8 +179,10 @@ def converse(
     printer = TerminalPrinter()
     interactive = args.message is None
     if interactive:
-        print(f"Tandem chat with {visible(title)}. /help lists the commands; an empty line or Ctrl+D quits.",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"Tandem chat with {visible(title)}. /help lists the commands; an empty line or Ctrl+D quits.",
+            file=sys.stderr,
+        )
     while True:
         if interactive:
             line = read_line()
@@ -208,8 +210,10 @@ def converse(
                 if recorder is not None:
                     recorder.take_back()  # stored before the model loaded; refused, it leaves no trace
                 raise ContextOverflowError(exc.facts, "Send a shorter message.") from None
-            print(f"tandem: {visible(exc.facts)} Send a shorter message, or /new to start a new conversation.",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"tandem: {visible(exc.facts)} Send a shorter message, or /new to start a new conversation.",
+                file=sys.stderr,
+            )
             continue
         messages.append({"role": "assistant", "content": finished.text})
         after_turn(finished)

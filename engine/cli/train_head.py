@@ -40,21 +40,29 @@ def add_train_head_parser(subparsers) -> argparse.ArgumentParser:
         "--layers", default="", help="target hidden states read, e.g. 2,15,27 (default: the last)"
     )
     parser.add_argument(
-        "--written-share", type=float, default=defaults.written_share,
+        "--written-share",
+        type=float,
+        default=defaults.written_share,
         help="share of the prompts that work on a text the target writes first (default %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--asked-share", type=float, default=defaults.asked_share,
+        "--asked-share",
+        type=float,
+        default=defaults.asked_share,
         help="share of the prompts that the target writes itself as a user would (default %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--generate-batch", type=int, default=defaults.generate_batch,
+        "--generate-batch",
+        type=int,
+        default=defaults.generate_batch,
         help="answers the target writes at once (larger on a GPU; default %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--init-from", default=None, metavar="DIR",
+        "--init-from",
+        default=None,
+        metavar="DIR",
         help="go on training this head (for the same target) instead of a new one: its vocabulary stays",
-    )  # fmt: skip
+    )
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.set_defaults(handler=run_train_head)
@@ -87,10 +95,18 @@ def run_train_head(args) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     recipe = TrainRecipe(
-        prompts=args.prompts, answer_tokens=args.answer_tokens, draft_vocab=args.draft_vocab, epochs=args.epochs,
-        steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed, written_share=args.written_share,
-        asked_share=args.asked_share, generate_batch=args.generate_batch,
-    )  # fmt: skip
+        prompts=args.prompts,
+        answer_tokens=args.answer_tokens,
+        draft_vocab=args.draft_vocab,
+        epochs=args.epochs,
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        seed=args.seed,
+        written_share=args.written_share,
+        asked_share=args.asked_share,
+        generate_batch=args.generate_batch,
+    )
     loaded = load_model(args.target, device=str(device), dtype=args.dtype)
     n_layers = loaded.model.config.num_hidden_layers
     if any(not 0 <= layer <= n_layers for layer in layers):

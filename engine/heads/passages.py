@@ -26,33 +26,92 @@ import torch
 from engine.heads.prompts import ACTIVITIES, TOPICS, TRANSLATION_LANGUAGES, distinct
 
 NAMES = (
-    "Amara", "Bruno", "Chen Wei", "Dana", "Elif", "Farid", "Greta", "Hiro", "Ines", "Jamal", "Katya",
-    "Luis", "Maren", "Nikhil", "Olu", "Paula", "Quentin", "Rosa", "Sven", "Tamsin", "Umar", "Vera",
-)  # fmt: skip
+    "Amara",
+    "Bruno",
+    "Chen Wei",
+    "Dana",
+    "Elif",
+    "Farid",
+    "Greta",
+    "Hiro",
+    "Ines",
+    "Jamal",
+    "Katya",
+    "Luis",
+    "Maren",
+    "Nikhil",
+    "Olu",
+    "Paula",
+    "Quentin",
+    "Rosa",
+    "Sven",
+    "Tamsin",
+    "Umar",
+    "Vera",
+)
 TOWNS = ("Ashby", "Brennock", "Calderwick", "Dunmore", "Eastvale", "Fairholm", "Glenrow", "Harlow Bay")
 PRODUCTS = (
-    "a pair of running shoes", "a coffee grinder", "a budget laptop", "a robot vacuum", "a tent",
-    "a pair of headphones", "an electric kettle", "a standing desk", "a phone case", "a blender",
-)  # fmt: skip
+    "a pair of running shoes",
+    "a coffee grinder",
+    "a budget laptop",
+    "a robot vacuum",
+    "a tent",
+    "a pair of headphones",
+    "an electric kettle",
+    "a standing desk",
+    "a phone case",
+    "a blender",
+)
 JOBS = ("delivery driver", "junior accountant", "nurse", "barista", "web developer", "teacher", "electrician")
 EVENTS = (
-    "an office move", "a new holiday policy", "a charity run", "a software release", "a team lunch",
-    "a change to the opening hours", "a building inspection", "a training day", "a price increase",
-)  # fmt: skip
+    "an office move",
+    "a new holiday policy",
+    "a charity run",
+    "a software release",
+    "a team lunch",
+    "a change to the opening hours",
+    "a building inspection",
+    "a training day",
+    "a price increase",
+)
 
 # (kind of text, request to the target)
 WRITING_REQUESTS = (
-    lambda r: ("news report", f"Write a short local news report about {r.choice(TOPICS)} in the town of {r.choice(TOWNS)}."),
-    lambda r: ("email", f"Write an email from {r.choice(NAMES)} to their team about {r.choice(EVENTS)}, with dates."),
-    lambda r: ("customer review", f"Write a customer review of {r.choice(PRODUCTS)}: what was good and what was bad."),
-    lambda r: ("meeting note", f"Write notes from a team meeting about {r.choice(EVENTS)}, naming who said what and what was decided."),
-    lambda r: ("job advert", f"Write a job advert for a {r.choice(JOBS)} in {r.choice(TOWNS)}, with the pay and how to apply."),
+    lambda r: (
+        "news report",
+        f"Write a short local news report about {r.choice(TOPICS)} in the town of {r.choice(TOWNS)}.",
+    ),
+    lambda r: (
+        "email",
+        f"Write an email from {r.choice(NAMES)} to their team about {r.choice(EVENTS)}, with dates.",
+    ),
+    lambda r: (
+        "customer review",
+        f"Write a customer review of {r.choice(PRODUCTS)}: what was good and what was bad.",
+    ),
+    lambda r: (
+        "meeting note",
+        f"Write notes from a team meeting about {r.choice(EVENTS)}, naming who said what and what was decided.",
+    ),
+    lambda r: (
+        "job advert",
+        f"Write a job advert for a {r.choice(JOBS)} in {r.choice(TOWNS)}, with the pay and how to apply.",
+    ),
     lambda r: ("story", f"Write a short story about {r.choice(NAMES)}, who is {r.choice(ACTIVITIES)}."),
-    lambda r: ("announcement", f"Write an announcement about {r.choice(EVENTS)} in {r.choice(TOWNS)}, with the date and place."),
+    lambda r: (
+        "announcement",
+        f"Write an announcement about {r.choice(EVENTS)} in {r.choice(TOWNS)}, with the date and place.",
+    ),
     lambda r: ("article", f"Write a paragraph for a magazine about {r.choice(TOPICS)}."),
-    lambda r: ("message", f"Write a message from {r.choice(NAMES)} to a friend about {r.choice(ACTIVITIES)}."),
-    lambda r: ("product description", f"Write a product description of {r.choice(PRODUCTS)} with its price and features."),
-)  # fmt: skip
+    lambda r: (
+        "message",
+        f"Write a message from {r.choice(NAMES)} to a friend about {r.choice(ACTIVITIES)}.",
+    ),
+    lambda r: (
+        "product description",
+        f"Write a product description of {r.choice(PRODUCTS)} with its price and features.",
+    ),
+)
 
 # Instructions over a written text: {text}, {kind}, {language}, {count}, {opening}
 TASKS_ON_WRITTEN = (
@@ -110,14 +169,23 @@ def tasks_on_written(passages: list[tuple[str, str]], per_passage: int, seed: in
                     count=rng.choice((2, 3)),
                     opening=opening,
                     language=rng.choice(TRANSLATION_LANGUAGES),
-                )  # fmt: skip
+                )
             )
     return out
 
 
 @torch.inference_mode()
-def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, batch: int = 32, tokens: int = 180,
-                   progress=None, name: str = "passages", keep=tidy) -> list[tuple[str, str]]:  # fmt: skip
+def write_passages(
+    loaded,
+    requests: list[tuple[str, str]],
+    device,
+    work: Path,
+    batch: int = 32,
+    tokens: int = 180,
+    progress=None,
+    name: str = "passages",
+    keep=tidy,
+) -> list[tuple[str, str]]:
     """The target writes a text for each request (sampled at T = 0.8, batched); kept in work/<name>.json
     so an interrupted run resumes. Returns (kind, keep(text)) for the texts `keep` does not drop (None)."""
     from engine.heads.training import left_padded
@@ -142,9 +210,16 @@ def write_passages(loaded, requests: list[tuple[str, str]], device, work: Path, 
             ids, mask = left_padded(prompts, pad)
             width = ids.size(1)
             generated = model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=tokens, do_sample=True,
-                temperature=0.8, top_p=0.95, top_k=None, pad_token_id=pad, eos_token_id=sorted(loaded.eos_token_ids),
-            )[:, width:]  # fmt: skip
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=tokens,
+                do_sample=True,
+                temperature=0.8,
+                top_p=0.95,
+                top_k=None,
+                pad_token_id=pad,
+                eos_token_id=sorted(loaded.eos_token_ids),
+            )[:, width:]
             written += tokenizer.batch_decode(generated, skip_special_tokens=True)
             entries = [{"request": r, "text": t} for (_, r), t in zip(requests, written, strict=False)]
             path.write_text(json.dumps(entries, indent=0))

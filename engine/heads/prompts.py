@@ -213,14 +213,65 @@ TEMPLATES = [
 
 
 STDLIB_MODULES = (
-    "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "csv",
-    "dataclasses", "datetime", "decimal", "difflib", "email.message", "enum", "fractions",
-    "functools", "glob", "gzip", "hashlib", "heapq", "html", "http.client", "inspect", "io",
-    "ipaddress", "itertools", "json", "logging", "math", "mimetypes", "os", "pathlib", "pickle",
-    "pprint", "queue", "random", "re", "secrets", "shlex", "shutil", "socket", "sqlite3",
-    "statistics", "string", "subprocess", "tarfile", "tempfile", "textwrap", "threading", "time",
-    "timeit", "tokenize", "typing", "unittest", "urllib.parse", "uuid", "warnings", "zipfile",
-)  # fmt: skip
+    "argparse",
+    "asyncio",
+    "base64",
+    "bisect",
+    "calendar",
+    "collections",
+    "contextlib",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email.message",
+    "enum",
+    "fractions",
+    "functools",
+    "glob",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "html",
+    "http.client",
+    "inspect",
+    "io",
+    "ipaddress",
+    "itertools",
+    "json",
+    "logging",
+    "math",
+    "mimetypes",
+    "os",
+    "pathlib",
+    "pickle",
+    "pprint",
+    "queue",
+    "random",
+    "re",
+    "secrets",
+    "shlex",
+    "shutil",
+    "socket",
+    "sqlite3",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "time",
+    "timeit",
+    "tokenize",
+    "typing",
+    "unittest",
+    "urllib.parse",
+    "uuid",
+    "warnings",
+    "zipfile",
+)
 TEXT_TASKS = (
     "Summarize the following text in two sentences.\n\n{text}",
     "Extract the key terms from this text as a bulleted list.\n\n{text}",
@@ -239,13 +290,17 @@ CODE_TASKS_ON_SOURCE = (
     "Add type hints and a docstring to this function.\n\n```python\n{code}\n```",
 )
 WORD_PROBLEMS = (
-    lambda r, a, b: f"A shop sells {a} apples on Monday and {b} on Tuesday. How many apples did it sell? Show your work.",
+    lambda r, a, b: (
+        f"A shop sells {a} apples on Monday and {b} on Tuesday. How many apples did it sell? Show your work."
+    ),
     lambda r, a, b: f"What is {a} times {b}? Explain each step.",
     lambda r, a, b: f"Solve for x: {a}x + {b} = {a * 3 + b}. Show the steps.",
     lambda r, a, b: f"A train travels {a * 10} km in {b % 9 + 1} hours. What is its average speed?",
     lambda r, a, b: f"If a shirt costs ${a} and is {b % 50 + 5}% off, what is the sale price?",
-    lambda r, a, b: f"I have {a} minutes of meetings and {b} minutes of focused work. How many hours is that in total?",
-)  # fmt: skip
+    lambda r, a, b: (
+        f"I have {a} minutes of meetings and {b} minutes of focused work. How many hours is that in total?"
+    ),
+)
 TRANSLATION_LANGUAGES = ("French", "Spanish", "German", "Italian", "Portuguese")
 
 

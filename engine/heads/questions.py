@@ -16,25 +16,65 @@ from engine.heads.passages import JOBS, NAMES, PRODUCTS, write_timed
 from engine.heads.prompts import ACTIVITIES, LANGUAGES, TOPICS, distinct
 
 ASKERS = (
-    "a student", "a parent", "a programmer", "a small-business owner", "a retired teacher", "a nurse",
-    "a traveller", "a gardener", "a teenager", "a cook", "a scientist", "a novelist", "a shop manager",
-    "a musician", "a farmer", "a lawyer", "a football coach", "a new employee", "a pet owner", "a tourist",
-)  # fmt: skip
+    "a student",
+    "a parent",
+    "a programmer",
+    "a small-business owner",
+    "a retired teacher",
+    "a nurse",
+    "a traveller",
+    "a gardener",
+    "a teenager",
+    "a cook",
+    "a scientist",
+    "a novelist",
+    "a shop manager",
+    "a musician",
+    "a farmer",
+    "a lawyer",
+    "a football coach",
+    "a new employee",
+    "a pet owner",
+    "a tourist",
+)
 CHARACTERS = (
-    "a pirate captain", "a medieval knight", "a detective", "a wise old wizard", "a tour guide",
-    "a friendly robot", "a grumpy chef", "a famous explorer", "a sports commentator", "a job interviewer",
-    "a museum guide", "a ship's doctor", "a fairy-tale queen", "a space station engineer",
-)  # fmt: skip
+    "a pirate captain",
+    "a medieval knight",
+    "a detective",
+    "a wise old wizard",
+    "a tour guide",
+    "a friendly robot",
+    "a grumpy chef",
+    "a famous explorer",
+    "a sports commentator",
+    "a job interviewer",
+    "a museum guide",
+    "a ship's doctor",
+    "a fairy-tale queen",
+    "a space station engineer",
+)
 SUBJECTS = (*TOPICS, *ACTIVITIES, *PRODUCTS, *(f"working as a {job}" for job in JOBS))
 
 QUESTION_REQUESTS = (
-    lambda r: f"Write one question that {r.choice(ASKERS)} might ask an AI assistant about {r.choice(SUBJECTS)}. Write only the question.",
-    lambda r: f"Write one request that {r.choice(ASKERS)} might type into a chatbot to get help with {r.choice(ACTIVITIES)}. Write only the request.",
-    lambda r: f"Write a message that asks an AI assistant to play {r.choice(CHARACTERS)} and to answer a question about {r.choice(SUBJECTS)} in character. Write only the message.",
-    lambda r: f"Write a short question about {r.choice(TOPICS)} that has a clear factual answer. Write only the question.",
-    lambda r: f"Write a request to a chatbot for a {r.choice(LANGUAGES)} program about {r.choice(SUBJECTS)}. Write only the request.",
-    lambda r: f"Write a message from {r.choice(NAMES)} asking an AI assistant for advice on a problem with {r.choice(SUBJECTS)}. Write only the message.",
-)  # fmt: skip
+    lambda r: (
+        f"Write one question that {r.choice(ASKERS)} might ask an AI assistant about {r.choice(SUBJECTS)}. Write only the question."
+    ),
+    lambda r: (
+        f"Write one request that {r.choice(ASKERS)} might type into a chatbot to get help with {r.choice(ACTIVITIES)}. Write only the request."
+    ),
+    lambda r: (
+        f"Write a message that asks an AI assistant to play {r.choice(CHARACTERS)} and to answer a question about {r.choice(SUBJECTS)} in character. Write only the message."
+    ),
+    lambda r: (
+        f"Write a short question about {r.choice(TOPICS)} that has a clear factual answer. Write only the question."
+    ),
+    lambda r: (
+        f"Write a request to a chatbot for a {r.choice(LANGUAGES)} program about {r.choice(SUBJECTS)}. Write only the request."
+    ),
+    lambda r: (
+        f"Write a message from {r.choice(NAMES)} asking an AI assistant for advice on a problem with {r.choice(SUBJECTS)}. Write only the message."
+    ),
+)
 
 SHORTEST, LONGEST = 15, 400
 
@@ -57,7 +97,15 @@ def questions_asked(loaded, count: int, device, work: Path, seed: int = 0, batch
     """`count` user messages the target writes (a third more are asked for: some are dropped)."""
     requests = question_requests(-(-count * 4 // 3), seed)
     written = write_timed(
-        loaded, requests, device, work, batch, "target writes questions", "questions_s", tokens=80, name="questions",
+        loaded,
+        requests,
+        device,
+        work,
+        batch,
+        "target writes questions",
+        "questions_s",
+        tokens=80,
+        name="questions",
         keep=tidy_question,
-    )  # fmt: skip
+    )
     return list(dict.fromkeys(text for _, text in written))[:count]

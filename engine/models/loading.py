@@ -34,8 +34,14 @@ from engine.paths import models_cache_dir
 __all__ = ["load_model", "load_tokenizer", "load_config", "spec_kind", "resolve_folder", "native_gguf_file"]
 
 # the files a tokenizer is read from: fast, SentencePiece, BPE, WordPiece; *.tiktoken besides
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
-                   "sentencepiece.bpe.model")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 # ---- the float model's folder ----------------------------------------------------------------
@@ -171,8 +177,13 @@ def load_model(
     return load_folder_model(source, plan, progress)
 
 
-def native_gguf_file(spec: str, device: str = "auto", dtype: str = "auto", precision: str | None = None,
-                     quantization: str = "none") -> Path | None:  # fmt: skip
+def native_gguf_file(
+    spec: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    precision: str | None = None,
+    quantization: str = "none",
+) -> Path | None:
     """The GGUF file a spec runs on when its plan is the file's own blocks; None for another plan."""
     source = parse_source(spec)
     plan = choose_plan(source, device, dtype, precision, quantization)

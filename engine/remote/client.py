@@ -49,11 +49,28 @@ from engine.stats import GenerationStats
 
 # what a server may or may not report: GenerationStats fields and properties
 REPORTABLE = (
-    "drafter", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
-    "per_position_acceptance", "speedup", "target_step_time_s", "current_k", "k_history",
-    "draft_time_s", "verify_time_s", "prefill_time_s", "prompt_tokens", "prefill_tokens",
-    "generated_tokens", "decode_tokens_per_s", "tokens_per_s", "tree_rounds", "off_chain_rounds",
-)  # fmt: skip
+    "drafter",
+    "rounds",
+    "drafted",
+    "accepted",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "per_position_acceptance",
+    "speedup",
+    "target_step_time_s",
+    "current_k",
+    "k_history",
+    "draft_time_s",
+    "verify_time_s",
+    "prefill_time_s",
+    "prompt_tokens",
+    "prefill_tokens",
+    "generated_tokens",
+    "decode_tokens_per_s",
+    "tokens_per_s",
+    "tree_rounds",
+    "off_chain_rounds",
+)
 FINISH_REASONS = {"stop": "eos", "length": "max_tokens", "eos": "eos"}
 STAT_FIELDS = {f.name for f in fields(GenerationStats)}
 
@@ -120,8 +137,10 @@ class RemoteEngine:
         notes = [f"Answers come from {self.model_name or 'the model'} on {self.base_url}."]
         notes.append("Speculative decoding settings are the server's own; changing them here has no effect.")
         if self._metrics_deltas:
-            notes.append("Speculative stats come from the server's /metrics counters and are exact only "
-                         "while no one else uses that server.")  # fmt: skip
+            notes.append(
+                "Speculative stats come from the server's /metrics counters and are exact only "
+                "while no one else uses that server."
+            )
         return notes
 
     def respond(
@@ -286,8 +305,14 @@ class RemoteEngine:
             stats.generated_tokens = int(timings.get("predicted_n", stats.generated_tokens))
             stats.prefill_time_s = prompt_ms / 1000
             stats.total_time_s = (prompt_ms + predicted_ms) / 1000
-            reported |= {"prompt_tokens", "prefill_tokens", "generated_tokens", "prefill_time_s",
-                         "decode_tokens_per_s", "tokens_per_s"}  # fmt: skip
+            reported |= {
+                "prompt_tokens",
+                "prefill_tokens",
+                "generated_tokens",
+                "prefill_time_s",
+                "decode_tokens_per_s",
+                "tokens_per_s",
+            }
             if "draft_n" in timings:
                 stats.drafter = "llama.cpp:speculative"
                 stats.drafted = int(timings["draft_n"])

@@ -206,19 +206,46 @@ class FusedLayer(nn.Module):
         self.hidden_size = config.hidden_size
 
     def forward(
-        self, x, kv_cache, slots, cos, sin_signed, attn_mask, window: int, exact_rows=False, lengths=None,
+        self,
+        x,
+        kv_cache,
+        slots,
+        cos,
+        sin_signed,
+        attn_mask,
+        window: int,
+        exact_rows=False,
+        lengths=None,
         visible=None,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         _, T, C = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         if self.one_call and (lengths is not None or visible is not None):
             qkv, o, gate_up, down, bits, path = self._projections()
             return torch.ops.tandem_layer.decoder_layer(
-                x[0], self.input_norm.weight, self.post_norm.weight, self.eps, qkv, self._qkv_bias(), o,
-                self.o_proj.bias, gate_up, down, self.down_proj.bias, bits, self.block_types, cos[:, 0],
+                x[0],
+                self.input_norm.weight,
+                self.post_norm.weight,
+                self.eps,
+                qkv,
+                self._qkv_bias(),
+                o,
+                self.o_proj.bias,
+                gate_up,
+                down,
+                self.down_proj.bias,
+                bits,
+                self.block_types,
+                cos[:, 0],
                 sin_signed[:, 0],
-                kv_cache.k_cache, kv_cache.v_cache, slots, lengths, visible, H, path,
-            ).unsqueeze(0)  # fmt: skip
+                kv_cache.k_cache,
+                kv_cache.v_cache,
+                slots,
+                lengths,
+                visible,
+                H,
+                path,
+            ).unsqueeze(0)
         G = H // KV
         h = self._norm(x, self.input_norm)
         if self.qkv_quant is not None:

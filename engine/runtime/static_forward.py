@@ -161,9 +161,18 @@ class FastLlama(nn.Module):
                 if index in capture:
                     features.append(x[0])
                 h = self.attention(
-                    layer.self_attn, layer.input_layernorm(x), kv_cache, slots, cos, sin, attn_mask, window,
-                    exact_rows, lengths, visible,
-                )  # fmt: skip
+                    layer.self_attn,
+                    layer.input_layernorm(x),
+                    kv_cache,
+                    slots,
+                    cos,
+                    sin,
+                    attn_mask,
+                    window,
+                    exact_rows,
+                    lengths,
+                    visible,
+                )
                 x = x + h
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.norm(x)
@@ -179,9 +188,19 @@ class FastLlama(nn.Module):
         return row_linear.project(self.lm_head, hidden, self.head_path)
 
     def attention(
-        self, attn, x, kv_cache, slots, cos, sin, attn_mask, window: int, exact_rows=False, lengths=None,
+        self,
+        attn,
+        x,
+        kv_cache,
+        slots,
+        cos,
+        sin,
+        attn_mask,
+        window: int,
+        exact_rows=False,
+        lengths=None,
         visible=None,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         _, T, _ = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         G, W = H // KV, window

@@ -75,13 +75,18 @@ def create_app(
     cors_origins = list(cors_origins)
     if cors_origins:
         app.add_middleware(
-            CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"], allow_private_network=True,
-        )  # fmt: skip
+            CORSMiddleware,
+            allow_origins=cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+            allow_private_network=True,
+        )
     app.add_middleware(
-        RequestGuard, metrics=metrics, cors_origins=cors_origins,
+        RequestGuard,
+        metrics=metrics,
+        cors_origins=cors_origins,
         allowed_hosts=None if api_key else ["localhost", bound_host, *allow_hosts],
-    )  # fmt: skip
+    )
     app.state.worker = worker
     app.state.metrics = metrics
     app.router.add_event_handler("shutdown", worker.stop)
@@ -93,8 +98,12 @@ def create_app(
         header = request.headers.get("authorization", "")
         given = header[7:].strip() if header[:7].lower() == "bearer " else ""
         if not hmac.compare_digest(given.encode(), expected_key):
-            raise ApiError(401, "A valid API key is required (Authorization: Bearer <key>).",
-                           "authentication_error", code="invalid_api_key")  # fmt: skip
+            raise ApiError(
+                401,
+                "A valid API key is required (Authorization: Bearer <key>).",
+                "authentication_error",
+                code="invalid_api_key",
+            )
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
@@ -161,8 +170,12 @@ def create_app(
             worker.submit(job)
         except ServerBusy:
             metrics.count_request("busy")
-            raise ApiError(503, "The server is busy: too many requests are waiting. Try again shortly.",
-                           "server_error", code="server_busy") from None  # fmt: skip
+            raise ApiError(
+                503,
+                "The server is busy: too many requests are waiting. Try again shortly.",
+                "server_error",
+                code="server_busy",
+            ) from None
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         try:
@@ -231,8 +244,15 @@ async def _sse(
                 pending += item.text
             elif isinstance(item, RoundStats):
                 if pending:
-                    yield data(schemas.chunk(request_id, created, model, {"content": pending},
-                                             tandem=schemas.progress_fields(item.stats)))  # fmt: skip
+                    yield data(
+                        schemas.chunk(
+                            request_id,
+                            created,
+                            model,
+                            {"content": pending},
+                            tandem=schemas.progress_fields(item.stats),
+                        )
+                    )
                     pending = ""
             elif isinstance(item, _Done):
                 break
@@ -247,9 +267,14 @@ async def _sse(
             yield data(schemas.chunk(request_id, created, model, {"content": pending}))
         stats = result.stats
         final = schemas.chunk(
-            request_id, created, model, {}, schemas.FINISH_REASONS.get(result.reason, result.reason),
-            timings=schemas.timings(stats), tandem=schemas.tandem_fields(stats),
-        )  # fmt: skip
+            request_id,
+            created,
+            model,
+            {},
+            schemas.FINISH_REASONS.get(result.reason, result.reason),
+            timings=schemas.timings(stats),
+            tandem=schemas.tandem_fields(stats),
+        )
         if chat.include_usage:
             yield data(final)
             final = schemas.chunk(request_id, created, model, {}, usage=schemas.usage(stats))

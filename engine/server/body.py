@@ -54,9 +54,10 @@ async def read_json(request: Request, timeout_s: float = BODY_TIMEOUT_S):
     if media_type != "application/json":
         shown = f"'{media_type}'" if media_type else "none"
         raise ApiError(
-            415, f"Send the body as JSON, with the header Content-Type: application/json (it was {shown}).",
+            415,
+            f"Send the body as JSON, with the header Content-Type: application/json (it was {shown}).",
             code="unsupported_media_type",
-        )  # fmt: skip
+        )
     try:
         with anyio.fail_after(timeout_s):
             raw = await _read_bounded(request)
@@ -95,14 +96,17 @@ def decode_body(raw: bytes):
         outside = without_strings(raw)
         if outside is None or elements_exceed(outside, MAX_ELEMENTS):
             raise ApiError(
-                400, f"The request body holds too many JSON values: more than {MAX_ELEMENTS:,} arrays, "
-                "objects and items after a comma.", code="invalid_json",
-            )  # fmt: skip
+                400,
+                f"The request body holds too many JSON values: more than {MAX_ELEMENTS:,} arrays, "
+                "objects and items after a comma.",
+                code="invalid_json",
+            )
         if nesting_exceeds(outside, MAX_DEPTH):
             raise ApiError(
-                400, f"The request body nests arrays or objects more than {MAX_DEPTH} levels deep.",
+                400,
+                f"The request body nests arrays or objects more than {MAX_DEPTH} levels deep.",
                 code="invalid_json",
-            )  # fmt: skip
+            )
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -117,10 +121,12 @@ def decode_body(raw: bytes):
         where = f"'{path}'" if path else "the request body"
         where = f"A key in {where}" if is_key else where[0].upper() + where[1:]
         raise ApiError(
-            400, f"{where} is not valid Unicode text: it holds a lone surrogate (U+{char:04X} at position "
+            400,
+            f"{where} is not valid Unicode text: it holds a lone surrogate (U+{char:04X} at position "
             f"{position}), an escape such as \\ud800 without its pair. Send UTF-8 text.",
-            param=path or None, code="invalid_text",
-        )  # fmt: skip
+            param=path or None,
+            code="invalid_text",
+        )
     return body
 
 

@@ -116,22 +116,28 @@ class RequestGuard:
         name = None if host is None else parsed_host(host)
         if host is not None and name is None:
             return ApiError(
-                400, f"The Host header '{host[:100]}' is not a valid host name or address with an optional "
-                "port.", code="invalid_host",
-            )  # fmt: skip
+                400,
+                f"The Host header '{host[:100]}' is not a valid host name or address with an optional port.",
+                code="invalid_host",
+            )
         if host is None and self.allowed_hosts is not None:
             return ApiError(
-                403, f"This server answers only requests that name it in a Host header "
+                403,
+                f"This server answers only requests that name it in a Host header "
                 f"({self._served_names()}). Send one, as HTTP/1.1 requires, or start the server with an "
-                "API key.", "permission_error", code="host_not_allowed",
-            )  # fmt: skip
+                "API key.",
+                "permission_error",
+                code="host_not_allowed",
+            )
         served = self.allowed_hosts is None or name is None or name in self.allowed_hosts
         if not served and not is_loopback(name):
             return ApiError(
-                403, f"This server answers only to {self._served_names()}, not to '{name}'. Start it "
+                403,
+                f"This server answers only to {self._served_names()}, not to '{name}'. Start it "
                 f"with --allow-host {name} to serve that name too, or with an API key.",
-                "permission_error", code="host_not_allowed",
-            )  # fmt: skip
+                "permission_error",
+                code="host_not_allowed",
+            )
         origin = headers.get("origin")
         if origin is not None and origin not in self.cors_origins and origin != f"{scope['scheme']}://{host}":
             try:
@@ -141,9 +147,11 @@ class RequestGuard:
             except SettingsError:  # "null" (a sandboxed page, a file) and the like: no origin to allow
                 advice = ""
             return ApiError(
-                403, f"Requests from web pages at {origin} are refused.{advice}",
-                "permission_error", code="origin_not_allowed",
-            )  # fmt: skip
+                403,
+                f"Requests from web pages at {origin} are refused.{advice}",
+                "permission_error",
+                code="origin_not_allowed",
+            )
         return None
 
     def _served_names(self) -> str:

@@ -95,25 +95,34 @@ class ServerMetrics:
         with self._lock:
             families = [
                 counter(
-                    "request", "Chat completion requests by outcome.",
+                    "request",
+                    "Chat completion requests by outcome.",
                     [({"outcome": o}, n) for o, n in sorted(self.requests.items())],
                 ),
                 counter(
-                    "request_errors", "Requests answered with an error status (4xx, 5xx), by HTTP code.",
+                    "request_errors",
+                    "Requests answered with an error status (4xx, 5xx), by HTTP code.",
                     [({"code": str(c)}, n) for c, n in sorted(self.errors.items())],
                 ),
                 counter("prompt_tokens", "Prompt tokens read.", [({}, self.prompt_tokens)]),
                 counter("generation_tokens", "Tokens generated.", [({}, self.generation_tokens)]),
-                counter("spec_decode_num_drafts", "Speculative rounds that drafted.", [({}, self.num_drafts)]),
-                counter("spec_decode_num_draft_tokens", "Draft tokens proposed.", [({}, self.num_draft_tokens)]),
                 counter(
-                    "spec_decode_num_accepted_tokens", "Draft tokens accepted.", [({}, self.num_accepted_tokens)]
+                    "spec_decode_num_drafts", "Speculative rounds that drafted.", [({}, self.num_drafts)]
                 ),
                 counter(
-                    PER_POS_NAME, "Draft tokens accepted at each position of a round.",
+                    "spec_decode_num_draft_tokens", "Draft tokens proposed.", [({}, self.num_draft_tokens)]
+                ),
+                counter(
+                    "spec_decode_num_accepted_tokens",
+                    "Draft tokens accepted.",
+                    [({}, self.num_accepted_tokens)],
+                ),
+                counter(
+                    PER_POS_NAME,
+                    "Draft tokens accepted at each position of a round.",
                     [({"position": str(i)}, n) for i, n in enumerate(self.accepted_per_pos)],
                 ),
-            ]  # fmt: skip
+            ]
             depth = Metric(f"{PREFIX}:queue_depth", "Requests waiting or running.", "gauge")
             depth.add_sample(f"{PREFIX}:queue_depth", label, self.queue_depth)
             latencies = list(self.cancel_latencies_s)

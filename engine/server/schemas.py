@@ -35,9 +35,18 @@ NEUTRAL_FIELDS = {
     "response_format": (None, {"type": "text"}),
 }
 SUPPORTED_FIELDS = {
-    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-    "temperature", "top_p", "top_k", "seed", "stop",
-}  # fmt: skip
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+}
 
 
 class ApiError(Exception):
@@ -92,9 +101,11 @@ def parse_chat_request(
         raise ApiError(400, "'model' is required.", param="model")
     if model != model_name:
         raise ApiError(
-            404, f"The model '{model}' does not exist on this server; it serves '{model_name}'.",
-            param="model", code="model_not_found",
-        )  # fmt: skip
+            404,
+            f"The model '{model}' does not exist on this server; it serves '{model_name}'.",
+            param="model",
+            code="model_not_found",
+        )
     messages = _messages(body.get("messages"))
     stream = _typed(body, "stream", bool, False)
     options = body.get("stream_options") or {}
@@ -122,9 +133,11 @@ def _max_tokens(name: str, value, context_length: int | None) -> int:
     value = _checked_int(name, value, 1)
     if context_length and value > context_length:
         raise ApiError(
-            400, f"'{name}' must be at most {context_length}, the model's context length, not {value}.",
-            param=name, code="max_tokens_exceeds_context",
-        )  # fmt: skip
+            400,
+            f"'{name}' must be at most {context_length}, the model's context length, not {value}.",
+            param=name,
+            code="max_tokens_exceeds_context",
+        )
     return value
 
 
@@ -147,9 +160,10 @@ def _messages(value) -> list[dict]:
         role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else None
         if role not in ROLES:
             raise ApiError(
-                400, f"messages[{i}] needs a role: system, developer, user or assistant.",
+                400,
+                f"messages[{i}] needs a role: system, developer, user or assistant.",
                 param=f"messages[{i}]",
-            )  # fmt: skip
+            )
         content = message.get("content")
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):

@@ -45,13 +45,25 @@ def take_snapshot(store, conversation_id: int) -> dict:
 
 # the fields of a snapshot, each with the JSON types it may have (None: null)
 CONVERSATION_FIELDS = {
-    "id": int, "title": str, "created": str, "updated": str, "target_model": str, "system_prompt": str,
+    "id": int,
+    "title": str,
+    "created": str,
+    "updated": str,
+    "target_model": str,
+    "system_prompt": str,
     "draft_settings": dict,
-}  # fmt: skip
+}
 MESSAGE_FIELDS = {
-    "id": int, "parent_id": (int, None), "role": str, "content": str, "created": str, "status": str,
-    "token_count": (int, None), "stats": (dict, None), "selected": int,
-}  # fmt: skip
+    "id": int,
+    "parent_id": (int, None),
+    "role": str,
+    "content": str,
+    "created": str,
+    "status": str,
+    "token_count": (int, None),
+    "stats": (dict, None),
+    "selected": int,
+}
 STORED_AS_JSON = ("draft_settings", "stats")
 KIND_NAMES = {int: "a whole number", str: "text", dict: "an object", list: "a list", None: "null"}
 

@@ -153,25 +153,6 @@ def test_cancel_stops_a_download_midway(hub, tmp_path):
     assert FILE not in snapshot_files(tmp_path)
 
 
-def test_a_cancelled_download_resumes_where_it_stopped_when_started_again(hub, gguf_bytes):
-    entry = next(e for e in gguf_hub.list_gguf_files(REPO) if e.quant == "Q4_1")
-    cancel, seen = threading.Event(), []
-
-    def progress(stage, done, total):
-        seen.append(done)
-        if done >= 10_000_000:
-            cancel.set()
-
-    with pytest.raises(DownloadCancelled):
-        gguf_hub.download(entry, progress, cancel)
-    hub.requests.clear()
-    path = gguf_hub.download(entry)
-    ranges = [rng for method, p, rng in hub.requests if method == "GET" and p.endswith(FILE) and rng]
-    starts = [int(rng.removeprefix("bytes=").split("-")[0]) for rng in ranges]
-    assert starts and starts[0] >= 10_000_000  # not from the first byte again
-    assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(gguf_bytes).digest()
-
-
 def test_an_unknown_quant_names_what_the_repository_offers(hub):
     with pytest.raises(ModelNotFoundError, match="no GGUF file Q5_K_M; it offers Q2_K, Q8_0, Q4_1"):
         gguf_hub.resolve_spec(f"{REPO}:Q5_K_M")

@@ -4,7 +4,8 @@ progress, cancel and a checksum check.
 
 A spec names one: `owner/repo:Q4_K_M` (the repository's file of that quantization) or
 `owner/repo/file.gguf`. huggingface_hub does the transfer into its usual cache (`hf_hub_download`;
-a connection dropped midway is resumed with a Range request); the file's SHA-256 is then compared
+a connection dropped midway is resumed with a Range request, but a cancelled or killed download
+starts again from its first byte: huggingface_hub 2 keeps no partial file); the SHA-256 is then compared
 with the hub's LFS oid, once per file (a marker in Tandem's cache remembers a file that passed).
 The KV cache a file needs per token is read from the first bytes of its GGUF header (its
 architecture keys come before the tokenizer's tables), by one Range request per repository.

@@ -13,6 +13,8 @@ import html
 from app.form_widgets import ComboBox
 from app.qt import QtWidgets, Signal, Slot
 
+MAX_NAME_CHARACTERS = 40  # a longer model name is cut at the window's smallest
+
 CONTEXT_TIP = (
     "Tokens of this conversation the model read and wrote at its last reply, of the {limit} it can "
     "hold at once (its context). The engine counts them; a longer conversation must be shortened."
@@ -77,6 +79,9 @@ class ChatHeader(QtWidgets.QWidget):
         for spec in specs:
             if self.model_combo.findData(spec) < 0:
                 self.model_combo.addItem(_label(spec), spec)
+        # the whole name of the longest model even at the window's smallest (it read "smollm2" there)
+        cap = self.model_combo.fontMetrics().averageCharWidth() * MAX_NAME_CHARACTERS
+        self.model_combo.setMinimumWidth(min(self.model_combo.sizeHint().width(), cap))
 
     def set_model(self, spec: str, loading: bool = False) -> None:
         """The model chosen; `loading`: not answering yet (the status bar shows the load)."""

@@ -416,3 +416,13 @@ def test_the_tree_graph_is_built_after_ready_off_the_gui_thread(qtbot, store):
     assert engine.built_on[0] is not threading.main_thread()
     send(qtbot, window, "hi")
     assert [m.content for m in store.thread(window.conversation_id)] == ["hi", "answered"]
+
+
+def test_the_smallest_window_shows_the_whole_model_name_beside_the_side_panel(qtbot, store):
+    window = open_window(qtbot, store, ScriptedEngine(["ok"]))
+    window.set_side_panel_visible(True)
+    window.resize(window.minimumSizeHint())
+    combo = window.header.model_combo
+    qtbot.waitUntil(lambda: window.width() == window.minimumSizeHint().width(), timeout=2000)
+    text = combo.fontMetrics().horizontalAdvance(combo.currentText())
+    assert combo.currentText() and combo.width() >= text + 24  # the arrow beside it; it read "smollm2"

@@ -405,11 +405,17 @@ def test_a_long_message_shows_how_far_it_is_read_and_the_reply_is_unchanged(qtbo
         window.load_models()
     seen: list[tuple[str, str]] = []  # the placeholder's text and the context meter's, at each report
 
-    def look(_progress) -> None:  # connected after the window's own slot: sees what it showed
-        widget = window.chat_view.streaming
-        seen.append((widget.browser.toPlainText() if widget else "", window.header.context_text()))
+    class Looker(QtCore.QObject):
+        """On the GUI thread, connected after the window's own slot: sees what each report showed. (A
+        plain function would run on the worker's thread as the report is sent, before the window.)"""
 
-    window.bridge.worker.reading.connect(look)
+        @QtCore.Slot(object)
+        def look(self, _progress) -> None:
+            widget = window.chat_view.streaming
+            seen.append((widget.browser.toPlainText() if widget else "", window.header.context_text()))
+
+    looker = Looker(window)
+    window.bridge.worker.reading.connect(looker.look)
     assert send(qtbot, window, "The cat sat on the mat. " * 100, timeout=120000) == "complete"
 
     prompt_tokens = len(engine.prompt_ids(asked[0]))

@@ -299,3 +299,10 @@ def test_the_llama_cpp_method_prefills_every_question_whole(monkeypatch, builtin
         assert 0 < runner.prefilled_tokens < len(second) - len(first) + 8
     finally:
         runner.close()
+
+
+def test_the_prompt_speed_bench_reads_llama_benchs_prompt_rows():
+    from engine.bench.prefill_speed import llama_prompt_speed
+
+    speeds = llama_prompt_speed(builtin_gguf(), [32, 64], threads=1)
+    assert set(speeds) == {32, 64} and all(speed > 0 for speed in speeds.values())

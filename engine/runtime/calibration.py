@@ -188,9 +188,8 @@ def read_back_or_measure(
     target, runner, threads: ThreadChooser | None = None, progress=None, use_cache: bool = True
 ) -> dict[int, float]:
     """The verify-cost curve of `target` (a LoadedModel) on `runner`, seconds per forward over n new
-    tokens: the stored
-    one where it still fits this machine, else a new measurement, saved; the runner's cache is
-    emptied. On a CPU (`threads`) it is measured, and keyed, on the steady thread count
+    tokens: the stored one where it still fits this machine, else a new measurement, saved; the
+    runner's cache is emptied. On a CPU (`threads`) it is measured, and keyed, on the steady thread count
     (ThreadChooser.steady), not on the count the last reply chose from the load: a curve measured after
     a reply ran on one thread was stored under one thread, and the next start, on two, measured the
     machine again. progress("Measuring this machine", 0, 1) is reported only when it measures.

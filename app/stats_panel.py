@@ -39,6 +39,7 @@ PANEL_WIDTH = 300
 MIN_ROUNDS_SHOWN = 10  # the x axis of the rounds chart spans at least this many rounds
 MIN_POSITIONS_SHOWN = 4  # so one bar is a bar, not the whole plot
 BAR_WIDTH = 0.6
+MIN_TICK_SPACING_PX = 22  # between two tick labels of a chart axis
 EMPTY_CHARTS_TEXT = "Charts of each drafting round appear here while a reply is written."
 
 __all__ = ["StatsPanel", "stats_from_dict", "DASH", "FIELDS"]
@@ -51,10 +52,13 @@ class IntegerAxis(pg.AxisItem):
         low, high = max(0, math.ceil(minVal)), math.floor(maxVal)
         if high < low:
             return []
+        # at most 6 ticks, MIN_TICK_SPACING_PX apart at least, so that labels never touch (a small
+        # window's charts stacked 0 to 6 in 50 pixels)
+        pixels_per_unit = size / max(maxVal - minVal, 1e-9)
         step = 1
         for candidate in (1, 2, 5, 10, 20, 25, 50, 100, 200, 500, 1000):
             step = candidate
-            if (high - low) / candidate <= 6:
+            if (high - low) / candidate <= 6 and candidate * pixels_per_unit >= MIN_TICK_SPACING_PX:
                 break
         first = low + (-low % step)
         return [(step, list(range(first, high + 1, step)))]

@@ -170,6 +170,18 @@ def test_charts_have_integer_ticks_no_negative_axes_no_legend_and_narrow_bars(pa
     assert 0.6 / (x_high - x_low) < 0.25, "a single bar must not fill the plot"
 
 
+def test_a_short_axis_spaces_its_labels_so_they_never_touch(panel):
+    """At the window's smallest the rounds chart's left axis is about 50 pixels tall: it stacked
+    0, 1, ..., 6 there, label on label."""
+    from app.stats_panel import MIN_TICK_SPACING_PX
+
+    axis = panel.plots()[0].getAxis("left")
+    for pixels in (40, 50, 80, 200):
+        ticks = [value for _, values in axis.tickValues(0, 6, pixels) for value in values]
+        assert len(ticks) >= 2 and (ticks[1] - ticks[0]) * pixels / 6 >= MIN_TICK_SPACING_PX, (pixels, ticks)
+    assert [v for _, values in axis.tickValues(0, 6, 200) for v in values] == [0, 1, 2, 3, 4, 5, 6]
+
+
 def test_panel_keeps_its_width_and_follows_the_palette(panel):
     panel.update_stats(round_stats())
     assert panel.width() == PANEL_WIDTH

@@ -145,11 +145,12 @@ def _kernel_note(mode: str, device, kernel: str, summary: str, refused: list[dic
 
 def quantize_loaded_model(model, tokenizer, folder, dtype, plan, progress=None):
     """A "quantized" load plan's last step (engine.models.loading): the float model just loaded from
-    `folder`, quantized with the plan's kernel or the fastest that passes the check here."""
+    `folder`, quantized with the plan's kernel or the fastest that passes the check here (for a draft
+    copy's "auto", in the mode engine.kernels.kernel_choice.copy_mode picks: info["quantization"])."""
     from engine.kernels.quant_kernels import KERNELS
 
-    mode = "a quantized" if plan.quantization == "auto" else f"an {plan.quantization.upper()}"
-    stage = f"Choosing {mode} kernel for this machine"
+    which = "a quantized" if plan.quantization == "auto" else f"an {plan.quantization.upper()}"
+    stage = f"Choosing {which} kernel for this machine"
     if progress is not None:
         progress(stage, 0, 1)
     reload = _reloader(folder, plan.device, dtype)

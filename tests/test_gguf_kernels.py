@@ -131,6 +131,21 @@ def test_every_row_count_of_a_verify_gives_each_row_its_one_row_result(name, pat
 
 
 @pytest.mark.parametrize("path", runnable_paths())
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_long_rows_read_in_passes_keep_each_rows_one_row_result(name, path):
+    """Rows longer than L1 holds for a verify's activations (17 blocks of 256 here) are read in passes
+    over groups of weight rows (70: two groups of 32 and a tail); each row keeps its one-row bits."""
+    layer, weight = layer_for(name, 70, 17 * 256, seed=7)
+    layer.path = path
+    x = torch.randn(9, layer.in_features, generator=torch.Generator().manual_seed(8))
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
+    reference = quantized_reference(x, weight, activation_block(name))
+    assert ((alone.double() - reference).abs().max() / reference.abs().max()).item() < 1e-5
+    for m in range(2, 10):
+        assert torch.equal(layer(x[:m]), alone[:m]), m
+
+
+@pytest.mark.parametrize("path", runnable_paths())
 @pytest.mark.parametrize(
     "names",
     [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q5_K", "Q4_0")],

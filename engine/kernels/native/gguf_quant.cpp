@@ -36,7 +36,8 @@
 // number of activation rows, so a verify forward's rows are bit for bit the one-token steps' and
 // speculative decoding's greedy output is the target's own. Every row count takes this path (a prompt
 // too): one weight block is unpacked once for up to four activation rows (up to eight for the
-// K-quants on AVX-512, and every row of a verify of up to eight from one read of the weights).
+// K-quants on AVX-512, and every row of a verify of up to eight from one read of the weights; rows too
+// long for a verify's activations to stay in L1 are read in passes, their sums kept between passes).
 //
 // Code paths, chosen by the caller from the CPU's features: AVX-512 VNNI (a pass takes four weight
 // rows and up to four activation rows, 64 values at a time; dpbusd, or maddubs and dpwssd for the
@@ -753,22 +754,25 @@ __attribute__((target(TANDEM_AVX512_VNNI_F16C))) inline __m512i super_step(const
   return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
 }
 
-// Weight rows [r, r + R) against activation rows [i, i + C).
+// Weight rows [r, r + R) against activation rows [i, i + C), over the blocks of 256 [b0, b1). A tile over
+// part of a row keeps its accumulators in `state` (16 floats per weight and activation row, the weight
+// row's first) between calls, so a row's float sums run in the same order as in one call over the whole
+// row. offsets: the rows' float offsets (Q4_K / Q5_K), `groups` apart.
 template <int64_t T, int R, int C>
 __attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_tile_vnni(const Part& part, const Activations& a, int64_t r,
-                                                          int64_t i, float* y, int64_t y_stride) {
+                                                          int64_t i, float* y, int64_t y_stride, float* offsets,
+                                                          int64_t b0, int64_t b1, float* state) {
   constexpr int64_t B = kFormat<T>.bytes;
   constexpr bool aff = kFormat<T>.affine;
   const int64_t k = a.k, supers = k / kSuper, groups = k / kBlock;
-  float* offsets = aff ? offset_scratch(R * groups).data() : nullptr;
   const int8_t* xq = a.super_q.data() + i * k;
   const float* xs = a.super_scale.data() + i * supers;
   const uint8_t* rows[R];
   for (int j = 0; j < R; ++j) rows[j] = part.bytes + (r + j) * part.row_bytes;
   __m512 acc[R][C];
   for (int j = 0; j < R; ++j)
-    for (int c = 0; c < C; ++c) acc[j][c] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < supers; ++b) {
+    for (int c = 0; c < C; ++c) acc[j][c] = b0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(state + (j * C + c) * 16);
+  for (int64_t b = b0; b < b1; ++b) {
     SuperHead h[R];
     for (int j = 0; j < R; ++j) h[j] = super_head<T>(rows[j] + b * B, aff ? offsets + j * groups + 8 * b : nullptr);
     __m512i sum[R][C];
@@ -796,6 +800,11 @@ __attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_tile_vnni(const Part
       for (int c = 0; c < C; ++c)
         acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j][c]), _mm512_set1_ps(h[j].d * xs[c * supers + b]), acc[j][c]);
   }
+  if (b1 < supers) {
+    for (int j = 0; j < R; ++j)
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(state + (j * C + c) * 16, acc[j][c]);
+    return;
+  }
   for (int j = 0; j < R; ++j)
     for (int c = 0; c < C; ++c) {
       float value = _mm512_reduce_add_ps(acc[j][c]);
@@ -804,19 +813,52 @@ __attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_tile_vnni(const Part
     }
 }
 
-// Weight rows [r0, r1) against activation rows [i, i + C), R at a time.
+constexpr int64_t kL1Activations = 16384;  // activation bytes a tile's rows may span and stay in L1
+constexpr int64_t kGroupRows = 32;         // weight rows whose blocks a pass over part of the rows revisits
+
+// Weight rows [r0, r1) against activation rows [i, i + C), R at a time. When the C activation rows are
+// longer than L1 holds, the weight rows go in groups of kGroupRows, each group in passes over a part
+// of the row that fits, so that every activation byte a pass reads comes from L1 (a verify of 8 rows of
+// 8,192 values would otherwise read 64 KB from L2 for every weight row).
 template <int64_t T, int R, int C>
 __attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_rows_vnni(const Part& part, const Activations& a, int64_t r0,
                                                           int64_t r1, int64_t i, float* y, int64_t y_stride) {
-  int64_t r = r0;
-  for (; r + R <= r1; r += R) {
-    if (r + R + kVnniAhead <= r1) {
-      const char* ahead = reinterpret_cast<const char*>(part.bytes + (r + kVnniAhead) * part.row_bytes);
-      for (int64_t b = 0; b < R * part.row_bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T1);
+  constexpr bool aff = kFormat<T>.affine;
+  const int64_t supers = a.k / kSuper, groups = a.k / kBlock;
+  const int64_t span = std::max<int64_t>(1, kL1Activations / (C * kSuper));  // blocks of 256 per pass
+  if (span >= supers) {
+    float* offsets = aff ? offset_scratch(R * groups).data() : nullptr;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) {
+      if (r + R + kVnniAhead <= r1) {
+        const char* ahead = reinterpret_cast<const char*>(part.bytes + (r + kVnniAhead) * part.row_bytes);
+        for (int64_t b = 0; b < R * part.row_bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T1);
+      }
+      super_tile_vnni<T, R, C>(part, a, r, i, y, y_stride, offsets, 0, supers, nullptr);
     }
-    super_tile_vnni<T, R, C>(part, a, r, i, y, y_stride);
+    for (; r < r1; ++r) super_tile_vnni<T, 1, C>(part, a, r, i, y, y_stride, offsets, 0, supers, nullptr);
+    return;
   }
-  for (; r < r1; ++r) super_tile_vnni<T, 1, C>(part, a, r, i, y, y_stride);
+  float* offsets = offset_scratch(kGroupRows * (groups + C * 16)).data();
+  float* state = offsets + kGroupRows * groups;
+  for (int64_t g = r0; g < r1; g += kGroupRows) {
+    const int64_t g1 = std::min(r1, g + kGroupRows);
+    for (int64_t b0 = 0; b0 < supers; b0 += span) {
+      const int64_t b1 = std::min(supers, b0 + span);
+      int64_t r = g;
+      for (; r + R <= g1; r += R) {
+        if (b0 == 0 && r + R + kVnniAhead <= r1) {
+          const char* ahead = reinterpret_cast<const char*>(part.bytes + (r + kVnniAhead) * part.row_bytes);
+          for (int64_t b = 0; b < R * part.row_bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T1);
+        }
+        super_tile_vnni<T, R, C>(part, a, r, i, y, y_stride, offsets + (r - g) * groups, b0, b1,
+                                 state + (r - g) * C * 16);
+      }
+      for (; r < g1; ++r)
+        super_tile_vnni<T, 1, C>(part, a, r, i, y, y_stride, offsets + (r - g) * groups, b0, b1,
+                                 state + (r - g) * C * 16);
+    }
+  }
 }
 
 template <int64_t T, int R>

@@ -8,8 +8,9 @@ For each model: its config (written out here: no hub is reached) builds a model 
 tensors are filled with random bf16 values and saved shard by shard (an 8B model never sits in memory
 whole); llama.cpp's convert_hf_to_gguf.py turns the folder into a bf16 GGUF, and llama-quantize into
 each type asked for (packaging/build_llama_cpp.sh builds it; the converter needs `pip install
-sentencepiece`). The tokenizer is the built-in model's,
-padded to the config's vocabulary by the converter, so the embedding and LM head have their real size.
+sentencepiece`). The tokenizer is the built-in model's, padded to the config's vocabulary by the
+converter, so the embedding and LM head have their real size; its pre-tokenizer is named to the
+converter as the built-in's, whatever the config's family (Qwen2.5's included).
 
 For each file, in a process of its own: Tandem's load time, the process's peak RSS beyond what it held
 before loading (its VmHWM), the file's size, decode speed (one-token steps after a 64-token
@@ -103,6 +104,22 @@ def random_folder(name: str, folder: Path) -> Path:
     return folder
 
 
+# llama.cpp's converter names a BPE pre-tokenizer from a hash of how the tokenizer splits a test text;
+# with a qwen2 config the built-in tokenizer loads as Qwen2's class, whose hash it does not know. The
+# tokenizer is the built-in model's whatever the config, so its pre-tokenizer is named as such.
+CONVERT = """
+import sys
+from pathlib import Path
+source = Path(sys.argv.pop(1))
+sys.path[:0] = [str(source), str(source / "gguf-py")]
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+import runpy
+sys.argv[0] = str(source / "convert_hf_to_gguf.py")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def gguf_files(name: str, types: list[str], work: Path) -> dict[str, Path]:
     """The model's GGUF file per type, converted and quantized where missing."""
     from engine.bench.llama_cpp import llama_server_path
@@ -118,7 +135,9 @@ def gguf_files(name: str, types: list[str], work: Path) -> dict[str, Path]:
         run(
             [
                 sys.executable,
-                str(source / "convert_hf_to_gguf.py"),
+                "-c",
+                CONVERT,
+                str(source),
                 str(folder),
                 "--outtype",
                 "bf16",

@@ -1,12 +1,14 @@
 """GGUF files from a hub repository, against a local server that answers as the hub does (tests/fake_hub.py):
 listing with quantization, size and fit; a download checked against the hub's SHA-256; a damaged one
-refused; a dropped connection resumed; cancel; an unreachable hub in one line; the CLI's specs."""
+refused; a dropped connection resumed; cancel, and a cancelled or killed download continued from its
+partial file; an unreachable hub in one line; the CLI's specs."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -121,7 +123,7 @@ def test_a_damaged_download_is_refused_and_deleted(hub, tmp_path):
     entry = next(e for e in gguf_hub.list_gguf_files(REPO) if e.quant == "Q4_1")
     with pytest.raises(ModelFormatError, match="damaged.*SHA-256.*download it again"):
         gguf_hub.download(entry)
-    assert FILE not in snapshot_files(tmp_path)
+    assert FILE not in snapshot_files(tmp_path) and partial_files(tmp_path) == []
     hub.corrupt.clear()
     assert gguf_hub.download(entry).name == FILE  # the next try starts clean
 
@@ -151,6 +153,101 @@ def test_cancel_stops_a_download_midway(hub, tmp_path):
         gguf_hub.download(entry, progress, cancel)
     assert 0 < max(seen) < entry.size_bytes
     assert FILE not in snapshot_files(tmp_path)
+
+
+def partial_files(tmp_path) -> list[Path]:
+    return sorted((tmp_path / "tandem").rglob("*.part"))
+
+
+def file_gets(hub) -> list[str | None]:
+    """The Range header of every GET of FILE's bytes since the hub's record was last cleared."""
+    return [rng for method, p, rng in hub.requests if method == "GET" and p.endswith(FILE)]
+
+
+def cancel_midway(entry) -> None:
+    cancel = threading.Event()
+
+    def progress(stage, done, total):
+        if done > 0:
+            cancel.set()
+
+    with pytest.raises(DownloadCancelled, match="cancelled"):
+        gguf_hub.download(entry, progress, cancel)
+
+
+def test_a_cancelled_download_continues_where_it_stopped(hub, gguf_bytes, tmp_path):
+    entry = next(e for e in gguf_hub.list_gguf_files(REPO) if e.quant == "Q4_1")
+    cancel_midway(entry)
+    [part] = partial_files(tmp_path)
+    kept = part.stat().st_size
+    assert 0 < kept < len(gguf_bytes)
+
+    hub.requests.clear()
+    reports = []
+    path = gguf_hub.download(entry, lambda stage, done, total: reports.append((stage, done, total)))
+    assert file_gets(hub) == [f"bytes={kept}-"]  # only the bytes that were missing
+    downloading = [
+        (done, total) for stage, done, total in reports if stage.startswith("Downloading") and total
+    ]
+    assert downloading[0] == (kept, len(gguf_bytes)) and downloading[-1] == (len(gguf_bytes),) * 2
+    assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(gguf_bytes).digest()
+    assert partial_files(tmp_path) == []
+
+
+def test_a_killed_download_continues_where_it_stopped(hub, gguf_bytes, tmp_path):
+    script = (
+        "import os, signal\n"
+        "from engine.models import gguf_hub\n"
+        f"entry = next(e for e in gguf_hub.list_gguf_files({REPO!r}) if e.quant == 'Q4_1')\n"
+        "def progress(stage, done, total):\n"
+        "    if done > 3 * 1024 * 1024:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "gguf_hub.download(entry, progress)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=os.environ, timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    [part] = partial_files(tmp_path)
+    kept = part.stat().st_size
+    assert 0 < kept < len(gguf_bytes)
+
+    hub.requests.clear()
+    entry = next(e for e in gguf_hub.list_gguf_files(REPO) if e.quant == "Q4_1")
+    path = gguf_hub.download(entry)
+    assert file_gets(hub) == [f"bytes={kept}-"]
+    assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(gguf_bytes).digest()
+
+
+def test_a_partial_file_of_a_changed_upstream_file_starts_over(hub, gguf_bytes, tmp_path):
+    entry = next(e for e in gguf_hub.list_gguf_files(REPO) if e.quant == "Q4_1")
+    cancel_midway(entry)
+    assert len(partial_files(tmp_path)) == 1
+
+    changed = gguf_bytes[:-1] + bytes([gguf_bytes[-1] ^ 0xFF])  # same size, another SHA-256
+    hub.add(REPO, {FILE: changed})
+    entry = next(e for e in gguf_hub.list_gguf_files(REPO) if e.quant == "Q4_1")
+    hub.requests.clear()
+    path = gguf_hub.download(entry)
+    assert file_gets(hub) == [None]  # from the first byte, not spliced onto the old file's bytes
+    assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(changed).digest()
+    assert partial_files(tmp_path) == []
+
+
+def test_a_damaged_partial_file_is_refused_and_deleted(hub, gguf_bytes, tmp_path):
+    entry = next(e for e in gguf_hub.list_gguf_files(REPO) if e.quant == "Q4_1")
+    cancel_midway(entry)
+    [part] = partial_files(tmp_path)
+    kept = part.stat().st_size
+    damaged = bytearray(part.read_bytes())
+    damaged[kept // 2] ^= 0xFF
+    part.write_bytes(damaged)
+
+    hub.requests.clear()
+    with pytest.raises(ModelFormatError, match="damaged.*SHA-256.*partial file.*deleted.*download it again"):
+        gguf_hub.download(entry)
+    assert file_gets(hub) == [f"bytes={kept}-"]
+    assert partial_files(tmp_path) == [] and FILE not in snapshot_files(tmp_path)
+    path = gguf_hub.download(entry)  # the next try starts clean
+    assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(gguf_bytes).digest()
 
 
 def test_an_unknown_quant_names_what_the_repository_offers(hub):

@@ -3,10 +3,15 @@ with its size and whether it fits in this machine's memory at a chosen context, 
 progress, cancel and a checksum check.
 
 A spec names one: `owner/repo:Q4_K_M` (the repository's file of that quantization) or
-`owner/repo/file.gguf`. huggingface_hub does the transfer into its usual cache (`hf_hub_download`;
-a connection dropped midway is resumed with a Range request, but a cancelled or killed download
-starts again from its first byte: huggingface_hub 2 keeps no partial file); the SHA-256 is then compared
-with the hub's LFS oid, once per file (a marker in Tandem's cache remembers a file that passed).
+`owner/repo/file.gguf`. A file is downloaded into a partial file in Tandem's model cache that a
+cancel, a killed process or a lost connection leaves in place, and the next download continues it
+with a Range request (`partial_download`; huggingface_hub 2 deletes its own partial file whenever a
+download stops, with or without `local_dir=`). The partial file is named by the file's SHA-256, so a
+changed upstream file starts over. The whole file's SHA-256 is compared with the hub's LFS oid
+before it moves into huggingface_hub's usual cache, where `hf_hub_download` links it into the
+snapshot folder; a mismatch deletes the partial file. A marker in Tandem's cache remembers a file
+that passed, so the check runs once per file.
+
 The KV cache a file needs per token is read from the first bytes of its GGUF header (its
 architecture keys come before the tokenizer's tables), by one Range request per repository.
 """
@@ -23,7 +28,8 @@ from pathlib import Path
 
 from engine.errors import ModelFormatError, ModelNotFoundError, OfflineError, TandemError
 from engine.events import ProgressCallback
-from engine.models.hub import CONNECT_TIMEOUT_S, DownloadCancelled, network_errors, progress_bar_class
+from engine.models import partial_download
+from engine.models.hub import CONNECT_TIMEOUT_S, DownloadCancelled, network_errors
 from engine.paths import models_cache_dir
 
 SPLIT = re.compile(r"^(?P<base>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
@@ -258,27 +264,79 @@ def _verified(path: Path, sha256: str) -> bool:
         return False
 
 
-def verify(path: Path, sha256: str | None, name: str, report: ProgressCallback) -> None:
-    """Compare the downloaded file with the hub's SHA-256; a damaged file is deleted and refused."""
-    if sha256 is None or _verified(path, sha256):
-        return
+def _digest(path: Path, name: str, report: ProgressCallback) -> str:
     digest, size, done = hashlib.sha256(), path.stat().st_size, 0
     with path.open("rb") as handle:
         while chunk := handle.read(HASH_CHUNK):
             digest.update(chunk)
             done += len(chunk)
             report(f"Checking {name}", done, size)
-    if digest.hexdigest() != sha256:
-        blob = path.resolve()
-        path.unlink(missing_ok=True)
-        blob.unlink(missing_ok=True)
-        raise ModelFormatError(
-            f"The download of {name} is damaged: its SHA-256 is {digest.hexdigest()[:12]}…, the hub lists "
-            f"{sha256[:12]}…. The file was deleted; download it again."
-        )
+    return digest.hexdigest()
+
+
+def _remember(path: Path, sha256: str) -> None:
     stat = path.stat()
     _marker(sha256).parent.mkdir(parents=True, exist_ok=True)
     _marker(sha256).write_text(f"{stat.st_size} {stat.st_mtime_ns}")
+
+
+def _damaged(name: str, digest: str, sha256: str, deleted: str) -> ModelFormatError:
+    return ModelFormatError(
+        f"The download of {name} is damaged: its SHA-256 is {digest[:12]}…, the hub lists "
+        f"{sha256[:12]}…. {deleted} was deleted; download it again (from the first byte)."
+    )
+
+
+def verify(path: Path, sha256: str | None, name: str, report: ProgressCallback) -> None:
+    """Compare the downloaded file with the hub's SHA-256; a damaged file is deleted and refused."""
+    if sha256 is None or _verified(path, sha256):
+        return
+    digest = _digest(path, name, report)
+    if digest != sha256:
+        blob = path.resolve()
+        path.unlink(missing_ok=True)
+        blob.unlink(missing_ok=True)
+        raise _damaged(name, digest, sha256, "The file")
+    _remember(path, sha256)
+
+
+def _fetch(entry: HubGGUF, name: str, sha256: str | None, report: ProgressCallback) -> Path:
+    """The file in the hub cache, continuing its partial file; checked when its SHA-256 is known."""
+    from huggingface_hub import (
+        constants,
+        get_hf_file_metadata,
+        hf_hub_download,
+        hf_hub_url,
+        try_to_load_from_cache,
+    )
+
+    cached = try_to_load_from_cache(entry.repo, name, revision=entry.revision)
+    if isinstance(cached, str):
+        return Path(cached)
+    url = hf_hub_url(entry.repo, name, revision=entry.revision, endpoint=endpoint())
+    metadata = get_hf_file_metadata(url, timeout=CONNECT_TIMEOUT_S)
+    storage = Path(constants.HF_HUB_CACHE) / f"models--{entry.repo.replace('/', '--')}"
+    blob = storage / "blobs" / metadata.etag
+    if not blob.exists():
+        part = partial_download.partial_path(entry.repo, name, sha256 or metadata.etag)
+        with partial_download.PartialLock(part, name):
+            partial_download.drop_other_versions(part)
+            partial_download.fetch(
+                url, part, metadata.size, lambda done, total: report(f"Downloading {name}", done, total)
+            )
+            digest = None if sha256 is None else _digest(part, name, report)
+            if digest != sha256:
+                part.unlink(missing_ok=True)
+                raise _damaged(name, digest, sha256, "The partial file")
+            partial_download.place(part, blob)
+        if sha256 is not None:
+            _remember(blob, sha256)
+    # the blob is in place: huggingface_hub links it into the snapshot folder without downloading it
+    return Path(
+        hf_hub_download(
+            entry.repo, name, revision=entry.revision, endpoint=endpoint(), etag_timeout=CONNECT_TIMEOUT_S
+        )
+    )
 
 
 def download(
@@ -286,34 +344,26 @@ def download(
 ) -> Path:
     """Download the file (every part of a split one) and check it; the first part's local path.
 
-    DownloadCancelled when `cancel` is set (checked at every progress report), ModelFormatError for a
-    damaged file, OfflineError / ModelNotFoundError with a one-line message when the hub cannot deliver.
+    DownloadCancelled when `cancel` is set (checked at every progress report; the bytes that arrived
+    are kept for the next download), ModelFormatError for a damaged file, OfflineError /
+    ModelNotFoundError with a one-line message when the hub cannot deliver.
     """
-    from huggingface_hub import hf_hub_download
-
     paths = []
     for index, (name, sha256) in enumerate(zip(entry.files, entry.sha256, strict=True)):
         part = f" (part {index + 1} of {len(entry.files)})" if entry.split else ""
 
         def report(stage: str, done: int, total: int, part=part) -> None:
             if cancel is not None and cancel.is_set():
-                raise DownloadCancelled(f"Download of {entry.name} cancelled.")
+                raise DownloadCancelled(
+                    f"Download of {entry.name} cancelled; what arrived is kept and the next download continues it."
+                )
             if progress is not None:
                 progress(stage + part, done, total)
 
         report(f"Downloading {name}", 0, 0)
         translate = _hub_errors(entry.repo, f"download {name} from")
         try:
-            path = hf_hub_download(
-                entry.repo,
-                name,
-                revision=entry.revision,
-                endpoint=endpoint(),
-                etag_timeout=CONNECT_TIMEOUT_S,
-                tqdm_class=progress_bar_class(
-                    lambda _stage, done, total, name=name: report(f"Downloading {name}", done, total)
-                ),
-            )
+            path = _fetch(entry, name, sha256, report)
         except TandemError:
             raise
         except Exception as exc:
@@ -321,8 +371,8 @@ def download(
             if error is None:
                 raise
             raise error from exc
-        verify(Path(path), sha256, name, report)
-        paths.append(Path(path))
+        verify(path, sha256, name, report)
+        paths.append(path)
     return paths[0]
 
 

@@ -83,6 +83,32 @@ def test_greedy_output_with_drafting_is_the_native_targets_own(native_engine, al
             assert drafted.stats.drafted > 0
 
 
+def test_a_published_eagle3_head_drafts_on_the_native_target_with_its_own_vocabulary(
+    native_builtin, native_engine, alone, tmp_path
+):
+    """A head in the layout published EAGLE-3 heads use (own LM head over a reduced vocabulary, d2t
+    map) loads over the GGUF file's own blocks: it reads the native target's features and embedding,
+    drafts, and the reply stays the target's own."""
+    from engine.decoding.drafters.head import HeadDrafter
+    from tests.test_head import write_eagle3_head
+
+    write_eagle3_head(tmp_path / "eagle3", native_builtin.model, draft_vocab=4096)
+    native_engine.head_source = str(tmp_path / "eagle3")
+    native_engine.speculation = SpeculationSettings(drafter="head", k=4)
+    try:
+        head = native_engine.head_drafter()
+        assert isinstance(head, HeadDrafter)
+        assert head.head.config.own_lm_head and head.draft_ids.numel() == 4096
+        for prompt, own in zip(PROMPTS, alone, strict=True):
+            native_engine.reset()
+            native_engine.forget_history()
+            drafted = native_engine.respond([{"role": "user", "content": prompt}])
+            assert list(drafted.token_ids) == own
+            assert drafted.stats.drafted > 0
+    finally:
+        native_engine.head_source = None
+
+
 def verify_distributions(native_builtin, sampling, candidates):
     """The target's warped distributions after a prompt, and after each one- and two-token
     continuation drawn from `candidates`, read from verify forwards of two rows; checks each verify

@@ -36,6 +36,8 @@ def needs_draft_model(drafter: str) -> bool:
 # context; never more than the model's own. The cache is allocated at this size when the model loads.
 DEFAULT_CONTEXT_TOKENS = 8192
 MIN_CONTEXT_TOKENS = 256
+# 128 GiB of float16 cache for an 8B Llama shape: more than any machine Tandem runs on holds
+MAX_CONTEXT_TOKENS = 1_048_576
 UNNAMED_CONTEXT_TOKENS = 2048  # for model configs that do not name their context length
 
 
@@ -43,6 +45,8 @@ def check_context(tokens: int | None) -> None:
     """SettingsError unless `tokens` is None (the default context) or a context the cache can hold."""
     if tokens is not None and tokens < MIN_CONTEXT_TOKENS:
         raise SettingsError(f"The context must be at least {MIN_CONTEXT_TOKENS} tokens, not {tokens}.")
+    if tokens is not None and tokens > MAX_CONTEXT_TOKENS:
+        raise SettingsError(f"The context must be at most {MAX_CONTEXT_TOKENS:,} tokens, not {tokens:,}.")
 
 
 def context_length_of(config) -> int:

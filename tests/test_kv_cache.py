@@ -12,7 +12,7 @@ from engine.models.memory import estimate_memory, kv_cache_bytes
 from engine.runtime.attention import attend_rows, rows_unavailable_reason
 from engine.runtime.fastpath import FastRunner
 from engine.runtime.kv_cache import cache_bytes
-from engine.settings import DEFAULT_CONTEXT_TOKENS, cache_tokens_for
+from engine.settings import DEFAULT_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS, cache_tokens_for
 
 needs_kernel = pytest.mark.skipif(
     not (has_avx2() and has_f16c()), reason="this CPU has no AVX2 and F16C, where the row kernel runs"
@@ -95,6 +95,9 @@ def test_the_context_is_the_one_chosen_never_more_than_the_models_own(make_tiny)
     assert cache_tokens_for(config, 100_000) == 2048
     with pytest.raises(SettingsError, match="at least 256 tokens"):
         cache_tokens_for(config, 10)
+    assert cache_tokens_for(config, MAX_CONTEXT_TOKENS) == 2048
+    with pytest.raises(SettingsError, match="at most 1,048,576 tokens"):
+        cache_tokens_for(config, MAX_CONTEXT_TOKENS + 1)
 
 
 def test_a_conversation_past_the_chosen_context_is_refused_with_what_to_do(make_tiny):

@@ -13,7 +13,14 @@ from engine import settings as engine_settings
 from engine.errors import SettingsError, TandemError
 from engine.models.builtin import DEFAULT_TARGET
 from engine.models.quantize import DRAFT_QUANTIZATIONS, PRECISIONS
-from engine.settings import MAX_K, SamplingSettings, SpeculationSettings, needs_draft_model
+from engine.settings import (
+    DEFAULT_CONTEXT_TOKENS,
+    MAX_K,
+    SamplingSettings,
+    SpeculationSettings,
+    check_context,
+    needs_draft_model,
+)
 
 STORE_KEY = "app_config"
 WORKING_KEY = "app_config_working"  # the last config whose models loaded
@@ -32,8 +39,8 @@ COMPILED = ("auto", "on", "off")  # auto: CUDA at load, CPU in the background; o
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
-# Fields whose change means loading a different target model.
-_TARGET_FIELDS = ("target", "device", "dtype", "compiled", "target_precision")
+# Fields whose change means loading a different target model (or its KV cache at another size).
+_TARGET_FIELDS = ("target", "device", "dtype", "compiled", "target_precision", "context")
 # Every field that says which models are loaded and where.
 MODEL_FIELDS = (*_TARGET_FIELDS, "draft", "draft_quantization", "draft_on_cpu", "backend", "server_url")
 
@@ -66,6 +73,9 @@ class AppConfig:
     server_url: str = ""  # its API key is kept by the credentials store, never here
     target_precision: str = "default"
     auto_titles: bool = True  # the model titles a conversation after its first exchange (app/titles.py)
+    # tokens a conversation may hold, prompt and reply together: the KV cache is allocated at this size
+    # when the models load, never more than the target's own context (engine.settings.cache_tokens_for)
+    context: int = DEFAULT_CONTEXT_TOKENS
 
     # --- engine settings ---------------------------------------------------------------------------
 
@@ -98,6 +108,7 @@ class AppConfig:
         _choice("Compilation", self.compiled, COMPILED)
         _choice("Backend", self.backend, BACKENDS)
         _choice("Target precision", self.target_precision, TARGET_PRECISIONS)
+        check_context(self.context)
         if self.backend == "server":
             url = self.server_url.strip()
             if not url.startswith(("http://", "https://")) or len(url) < 10:

@@ -30,6 +30,9 @@ class LoadRequest:
     backend: str = "local"  # "local" or "server"
     target_precision: str = "default"  # fp32, bf16, int8, int4, or the device's default
     server_url: str = ""  # for "server"; its API key comes from engine.remote.credentials
+    # tokens of KV cache the target gets (None: engine.settings.DEFAULT_CONTEXT_TOKENS), never more
+    # than its own context; a server keeps its own
+    context: int | None = None
 
     @classmethod
     def from_config(cls, config) -> LoadRequest:
@@ -47,6 +50,7 @@ class LoadRequest:
             backend=config.backend,
             server_url=config.server_url,
             target_precision=config.target_precision,
+            context=config.context,
         )
 
 
@@ -60,7 +64,8 @@ class EngineInfo:
     quantization: str
     notices: tuple[str, ...] = ()  # how the models run, when it is not the fastest path
     kernels: tuple[str, ...] = ()  # the quantized kernel of each quantized model, and why it was chosen
-    # tokens the target reads, prompt and reply together (ChatEngine.context_length); None: not known
+    # tokens the target reads, prompt and reply together (ChatEngine.context_length: the context chosen,
+    # or the model's own where that is shorter); None: not known
     context_length: int | None = None
 
 
@@ -94,6 +99,7 @@ def default_engine_factory(request: LoadRequest, progress: ProgressCallback) -> 
         sampling=request.sampling,
         compiled=request.compiled,
         remember_drafters=True,
+        context=request.context,
     )
     engine.tree_graph_later = True  # built after "Ready" (LoaderWorker._build_tree_graph)
     engine.prepare(progress)

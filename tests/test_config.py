@@ -8,7 +8,7 @@ import pytest
 from app.config import DEFAULT_DRAFTER, STORE_KEY, AppConfig
 from engine.errors import SettingsError
 from engine.models.builtin import DEFAULT_TARGET
-from engine.settings import MAX_K
+from engine.settings import DEFAULT_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS, MAX_K
 
 
 def test_defaults_draft_with_a_quantized_copy_of_the_builtin_target():
@@ -60,6 +60,8 @@ def test_sampling_carries_every_field():
         ({"draft_quantization": "int2"}, "Draft quantization must be one of"),
         ({"drafter": "model", "draft": " "}, "Choose a draft model"),
         ({"target": ""}, "Choose a target model"),
+        ({"context": 255}, "The context must be at least 256 tokens"),
+        ({"context": MAX_CONTEXT_TOKENS + 1}, "The context must be at most 1,048,576 tokens"),
     ],
 )
 def test_validate_refuses_with_the_engine_message(change, message):
@@ -100,6 +102,7 @@ def test_only_a_change_of_model_needs_a_load():
     assert dataclasses.replace(base, target="/models/other").needs_load(base)
     assert dataclasses.replace(base, device="cpu").needs_load(base)
     assert dataclasses.replace(base, draft_quantization="int4").needs_load(base)
+    assert dataclasses.replace(base, context=4096).needs_load(base)  # its KV cache is sized at load
     assert base.needs_load(None)
     # the drafter alone: the loaded draft model stays for a switch back, and nothing loads
     ngram = dataclasses.replace(base, drafter="ngram")
@@ -141,6 +144,27 @@ def test_load_reverts_only_the_invalid_value(store):
     assert loaded.k == AppConfig().k
     assert (loaded.temperature, loaded.seed) == (0.9, 4)
     loaded.validate()
+
+
+@pytest.mark.parametrize("stored", [100, 10**9, "4096", 4096.0, True, None, [4096]])
+def test_a_bad_stored_context_reads_as_the_default_and_the_rest_stays(store, stored):
+    store.set_setting(STORE_KEY, AppConfig(temperature=0.9).to_dict() | {"context": stored})
+    loaded = AppConfig.load(store)
+    assert loaded.context == DEFAULT_CONTEXT_TOKENS and loaded.temperature == 0.9
+
+
+def test_an_old_config_without_a_context_reads_the_default(store):
+    stored = AppConfig(top_k=20).to_dict()
+    del stored["context"]
+    store.set_setting(STORE_KEY, stored)
+    assert AppConfig.load(store) == AppConfig(top_k=20, context=DEFAULT_CONTEXT_TOKENS)
+
+
+def test_the_context_chosen_is_what_the_load_request_asks_for():
+    from app.engine_factory import LoadRequest
+
+    assert LoadRequest.from_config(AppConfig(context=4096)).context == 4096
+    assert LoadRequest.from_config(AppConfig()).context == DEFAULT_CONTEXT_TOKENS
 
 
 def test_a_server_backend_needs_a_url():

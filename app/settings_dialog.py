@@ -118,6 +118,7 @@ class SettingsDialog(QtWidgets.QDialog):
             server_url=w.server_url_edit.text().strip(),
             target=w.target_picker.spec(),
             target_precision=w.precision_combo.currentData(),
+            context=w.context_spin.value(),
             device=w.device_combo.currentData() or "auto",
             dtype=w.dtype_combo.currentData(),
             compiled=w.compiled_combo.currentData(),
@@ -189,6 +190,7 @@ class SettingsDialog(QtWidgets.QDialog):
         w.target_picker.set_spec(config.target)
         w.draft_picker.set_spec(config.draft)
         select(w.precision_combo, config.target_precision)
+        w.context_spin.setValue(config.context)
         set_choices(w.drafter_combo, {d: DRAFTER_LABELS.get(d, d) for d in DRAFTERS})
         select(w.drafter_combo, config.drafter)
         select(w.quantization_combo, config.draft_quantization)
@@ -221,6 +223,7 @@ class SettingsDialog(QtWidgets.QDialog):
         w = self.w
         for signal in (
             w.precision_combo.currentIndexChanged,
+            w.context_spin.valueChanged,
             w.target_picker.changed,
             w.draft_picker.changed,
             w.drafter_combo.currentIndexChanged,
@@ -249,7 +252,14 @@ class SettingsDialog(QtWidgets.QDialog):
         drafting = local and needs_draft_model(config.drafter)
         for widget in (w.server_url_edit, w.api_key_edit):
             widget.setEnabled(not local)
-        local_only = (w.target_picker, w.precision_combo, w.drafter_combo, w.device_combo, w.dtype_combo)
+        local_only = (
+            w.target_picker,
+            w.precision_combo,
+            w.context_spin,
+            w.drafter_combo,
+            w.device_combo,
+            w.dtype_combo,
+        )
         for widget in (*local_only, w.compiled_combo):
             widget.setEnabled(local)
         for widget in (w.draft_picker, w.quantization_combo, w.draft_on_cpu_box):
@@ -278,6 +288,7 @@ class SettingsDialog(QtWidgets.QDialog):
             target_quantization=precision if precision in ("int8", "int4") else "none",
             draft_quantization=config.draft_quantization,
             target_precision=precision,
+            context=config.context,
         )
         self._ask(
             "memory",

@@ -9,7 +9,7 @@ from app.config import COMPILED, DTYPES, QUANTIZATIONS, TARGET_PRECISIONS
 from app.form_widgets import ComboBox, choices, double_spin, form_layout, note_label, spin
 from app.qt import Qt, QtWidgets, Signal
 from app.sampling_fields import SamplingFields
-from engine.settings import MAX_K
+from engine.settings import MAX_CONTEXT_TOKENS, MAX_K, MIN_CONTEXT_TOKENS
 
 HUB_NOTE = "A hub id (owner/name) is downloaded when the models load; the status bar shows its progress."
 
@@ -38,6 +38,10 @@ TIPS = {
     "greyed out, with the reason in their tooltip.",
     "quantization": "Store the draft's weights in 8 or 4 bits: less memory, and on CPUs INT8 is faster.",
     "draft_on_cpu": "Keep the draft in main memory and run it on the CPU, leaving GPU memory to the target.",
+    "context": "Tokens a conversation may hold, your messages and the replies together. The KV cache is "
+    "allocated at this size when the models load, so memory grows with it (the Memory line counts it); "
+    "a longer conversation is refused with what to do. Never more than the target's own maximum: a "
+    "larger number gives the model's own context. Changing it loads the models again.",
     "device": "Where the models run. 'auto' picks the GPU when torch sees one. 'cuda' is offered only "
     "when torch sees a CUDA GPU.",
     "dtype": "The target's number format. 'auto' is bf16/fp16 on a GPU and fp32 on a CPU.",
@@ -152,6 +156,9 @@ class SettingsWidgets:
         self.device_combo = choices({"auto": "auto", "cpu": "cpu"})
         self.dtype_combo = choices({d: d for d in DTYPES})
         self.compiled_combo = choices({c: c for c in COMPILED})
+        self.context_spin = spin(MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
+        self.context_spin.setSingleStep(1024)
+        self.context_spin.setGroupSeparatorShown(True)
         self.target_reason = note_label()
         self.draft_reason = note_label()
         self.draft_reason.setObjectName("draftReason")
@@ -192,6 +199,7 @@ class SettingsWidgets:
             (self.device_combo, "device"),
             (self.dtype_combo, "dtype"),
             (self.compiled_combo, "compiled"),
+            (self.context_spin, "context"),
             (self.adaptive_box, "adaptive"),
             (self.k_spin, "k"),
             (self.max_k_spin, "max_k"),
@@ -242,6 +250,7 @@ class SettingsWidgets:
         form.addRow("", note_label(HUB_NOTE))
         form.addRow("Target precision:", self.precision_combo)
         form.addRow("", self.precision_note)
+        form.addRow("Context (tokens):", self.context_spin)
         form.addRow("Drafter:", self.drafter_combo)
         form.addRow("", self.drafter_reason)
         form.addRow("Draft model:", self.draft_picker)

@@ -409,6 +409,51 @@ def test_a_drafter_change_applies_at_the_next_reply_without_a_load(qtbot, store)
     assert len(calls) == 1, "a drafter change must not load models"
 
 
+def test_a_context_chosen_in_settings_reloads_and_sizes_the_real_engines_cache(qtbot, store, tiny_model_dir):
+    """The app's own factory on a tiny model folder (its own context: 1,024 tokens): the engine holds
+    the context chosen, never more than the model's own, and the context meter shows the engine's figure."""
+    from app.engine_factory import default_engine_factory
+    from app.settings_dialog import SettingsDialog
+
+    requests, engines = [], []
+
+    def factory(request, progress):
+        requests.append(request)
+        engine, info = default_engine_factory(request, progress)
+        engines.append(engine)
+        return engine, info
+
+    config = AppConfig(
+        target=str(tiny_model_dir),
+        draft="",
+        drafter="none",
+        device="cpu",
+        compiled="off",
+        context=512,
+        auto_titles=False,
+    )
+    window = MainWindow(store, config, engine_factory=factory)
+    qtbot.addWidget(window)
+    window.show()
+    with qtbot.waitSignal(window.models_loaded, timeout=120_000):
+        window.load_models()
+    assert requests[-1].context == 512 and engines[-1].context_length == 512
+    assert window.header.context_text().endswith("/ 512 tokens")
+
+    qtbot.keyClick(window, Qt.Key.Key_Comma, Qt.KeyboardModifier.ControlModifier)
+    dialog = window.findChild(SettingsDialog)
+    assert dialog.w.context_spin.value() == 512
+    dialog.w.context_spin.setValue(4096)
+    with qtbot.waitSignal(window.models_loaded, timeout=120_000):
+        dialog.ok_button.click()  # applies once the target's check answers
+    assert len(requests) == 2, "a new context loads the engine again"
+    assert requests[-1].context == 4096 and AppConfig.load(store).context == 4096
+    assert engines[-1].target.context_length == 1024  # the tiny model's own
+    assert engines[-1].context_length == min(4096, 1024)
+    assert window.header.context_text().endswith("/ 1,024 tokens")
+    window.close()
+
+
 def test_shortcuts_and_layout_persist_in_store(qtbot, store):
     window = open_window(qtbot, store, ScriptedEngine(["ok"]))
     send(qtbot, window, "hello")

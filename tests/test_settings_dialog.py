@@ -319,6 +319,61 @@ def test_the_target_precision_is_a_choice_that_reaches_the_load_request(qtbot, o
     assert dialog.precision_note.text() == ""
 
 
+# --- the context ---------------------------------------------------------------------------------
+
+
+def test_the_context_field_shows_the_default_and_says_what_it_costs(qtbot, open_dialog):
+    from engine.settings import DEFAULT_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS
+
+    dialog = open_dialog(AppConfig(drafter="ngram"))
+    spin = dialog.w.context_spin
+    assert spin.value() == DEFAULT_CONTEXT_TOKENS
+    assert (spin.minimum(), spin.maximum()) == (MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
+    models = dialog.tabs.widget(0)
+    assert models.isAncestorOf(spin) and dialog.tabs.tabText(0) == "Models"
+    form = next(f for f in models.findChildren(QtWidgets.QFormLayout) if f.indexOf(spin) >= 0)
+    assert form.labelForField(spin).text() == "Context (tokens):"
+    tip = spin.toolTip()
+    assert "KV cache" in tip and "memory" in tip and "target's own maximum" in tip
+    dialog.server_radio.setChecked(True)
+    assert not spin.isEnabled()  # a server keeps its own context
+
+
+def test_a_changed_context_is_saved_reaches_the_load_request_and_the_memory_line(qtbot, open_dialog, store):
+    from app.bridge import LoadRequest
+
+    dialog = open_dialog(AppConfig(drafter="ngram", device="cpu"))
+    qtbot.waitUntil(lambda: "tokens of context" in dialog.memory_label.text(), timeout=PROBE_TIMEOUT_MS)
+    assert "at 8,192 tokens of context" in dialog.memory_label.text()
+    dialog.w.context_spin.setValue(4096)
+    qtbot.waitUntil(lambda: "at 4,096 tokens" in dialog.memory_label.text(), timeout=PROBE_TIMEOUT_MS)
+    wait_until_applicable(qtbot, dialog)
+    with qtbot.waitSignal(dialog.applied) as applied:
+        dialog.apply_button.click()
+    config = applied.args[0]
+    assert config.context == 4096 and store.get_setting(STORE_KEY)["context"] == 4096
+    assert AppConfig.load(store).context == 4096
+    assert LoadRequest.from_config(config).context == 4096
+    assert config.needs_load(AppConfig(drafter="ngram", device="cpu"))  # the cache is sized at load
+    assert open_dialog(AppConfig.load(store)).w.context_spin.value() == 4096
+    # never more than the model's own: the built-in model reads 8,192 tokens
+    dialog.w.context_spin.setValue(100_000)
+    qtbot.waitUntil(lambda: "at 8,192 tokens" in dialog.memory_label.text(), timeout=PROBE_TIMEOUT_MS)
+
+
+@pytest.mark.parametrize("stored", [10, 10**9, "lots", True])
+def test_an_invalid_stored_context_shows_the_default(qtbot, open_dialog, store, stored):
+    from engine.settings import DEFAULT_CONTEXT_TOKENS
+
+    store.set_setting(STORE_KEY, AppConfig(drafter="ngram", max_k=11).to_dict() | {"context": stored})
+    config = AppConfig.load(store)
+    dialog = open_dialog(config)
+    assert dialog.w.context_spin.value() == DEFAULT_CONTEXT_TOKENS
+    assert dialog.max_k_spin.value() == 11  # the other settings stay as they were saved
+    wait_until_applicable(qtbot, dialog)
+    assert dialog.error_label.text() == ""
+
+
 def test_the_kernel_in_use_and_why_is_shown(qtbot, store):
     from types import SimpleNamespace
 

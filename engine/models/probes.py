@@ -106,11 +106,14 @@ def memory_line(
     draft_quantization: str = "none",
     target_quantization: str = "none",
     target_precision: str = "default",
+    context: int | None = None,
 ) -> str:
     """The memory estimate for a pair in one line, or why it cannot be made yet. A GGUF target run on
-    its own blocks weighs its file, and a quantized copy of it is no draft (engine.models.pair)."""
+    its own blocks weighs its file, and a quantized copy of it is no draft (engine.models.pair). Its KV
+    caches hold `context` tokens (None: the default), never more than the target's own context."""
     from engine.models.loading import native_gguf_file
     from engine.models.memory import estimate_memory
+    from engine.settings import cache_tokens_for
 
     target_config = config_of(target)
     if target_config is None:
@@ -127,6 +130,7 @@ def memory_line(
     estimate = estimate_memory(
         target_config,
         draft_config,
+        context_length=cache_tokens_for(target_config, context),
         device=device,
         draft_device="cpu" if draft_on_cpu else None,
         target_dtype=dtype,

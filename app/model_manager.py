@@ -1,6 +1,6 @@
 """The model manager: installed models (size, location, remove), suggested pairs (will it fit, what the
 draft costs, download with progress and cancel), a hub repository's GGUF files (quantization, size,
-whether each fits at the context chosen; download one with progress and cancel, then use it as the
+whether each fits at the context chosen in Settings; download one with progress and cancel, then use it as the
 target or the draft), and the Hugging Face token for gated models.
 
 Listing, estimates and downloads run on probe threads (app/bridge.py `Probes`): one for look-ups and
@@ -16,6 +16,7 @@ from app.bridge import Probes
 from app.qt import QObject, Qt, QtWidgets, Signal, Slot
 from engine.errors import TandemError
 from engine.models import gguf_hub, manage, probes
+from engine.settings import DEFAULT_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS
 
 GIB = 1024**3
 
@@ -32,7 +33,8 @@ class ModelManager(QtWidgets.QDialog):
     hub_listed = Signal(str)  # "" or the error message
     model_chosen = Signal(str, str)  # role ("target" or "draft"), spec
 
-    def __init__(self, parent: QtWidgets.QWidget | None = None):
+    def __init__(self, parent: QtWidgets.QWidget | None = None, context: int = DEFAULT_CONTEXT_TOKENS):
+        """`context`: the tokens the hub files' fit is judged at to begin with (the app's setting)."""
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.resize(980, 600)
@@ -59,7 +61,8 @@ class ModelManager(QtWidgets.QDialog):
             self.pairs_table.setItem(row, 0, _item(pair.label))
             self.pairs_table.setItem(row, 1, _item("Estimating…"))
             self.pairs_table.setItem(row, 2, _item("Estimating…"))
-        self._build_hub_widgets()
+        self._chosen_context = context
+        self._build_hub_widgets(context)
         self.download_button = QtWidgets.QPushButton("Download")
         self.download_button.setToolTip("Download the selected pair from the Hugging Face hub")
         self.cancel_button = QtWidgets.QPushButton("Cancel download")
@@ -88,18 +91,21 @@ class ModelManager(QtWidgets.QDialog):
         for row, pair in enumerate(self._pairs):
             self._lookups.submit(f"fit:{row}", lambda pair=pair: (pair_fit(pair), manage.draft_cost(pair)))
 
-    def _build_hub_widgets(self) -> None:
+    def _build_hub_widgets(self, context: int) -> None:
         self.hub_repo_edit = QtWidgets.QLineEdit()
         self.hub_repo_edit.setPlaceholderText(
             "owner/repo of GGUF files, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF"
         )
         self.hub_repo_edit.returnPressed.connect(self.list_hub_files)
         self.hub_context = QtWidgets.QSpinBox()
-        self.hub_context.setRange(256, 1_048_576)
+        self.hub_context.setRange(MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
         self.hub_context.setSingleStep(1024)
-        self.hub_context.setValue(gguf_hub.DEFAULT_CONTEXT)
+        self.hub_context.setValue(context)
         self.hub_context.setSuffix(" tokens")
-        self.hub_context.setToolTip("The context each file's fit is judged at: its KV cache grows with it")
+        self.hub_context.setToolTip(
+            "The context each file's fit is judged at: its KV cache grows with it. It starts at the "
+            "context chosen in Settings; changing it here changes only this list."
+        )
         self.hub_context.valueChanged.connect(self._refit_hub_files)
         self.hub_list_button = QtWidgets.QPushButton("List files")
         self.hub_list_button.clicked.connect(self.list_hub_files)
@@ -221,6 +227,14 @@ class ModelManager(QtWidgets.QDialog):
         self.hub_list_button.setEnabled(False)
         self.status_label.setText(f"Listing the GGUF files of {repo}…")
         self._lookups.submit("hub-list", lambda: _hub_listing(repo, self.hub_context.value()))
+
+    @Slot(object)
+    def follow_config(self, config) -> None:
+        """The app's settings changed: a context chosen anew is the one the hub files are judged at
+        (another setting's change leaves a context typed here as it is)."""
+        if config.context != self._chosen_context:
+            self._chosen_context = config.context
+            self.hub_context.setValue(config.context)
 
     @Slot()
     def _refit_hub_files(self) -> None:
@@ -424,8 +438,10 @@ def open_model_manager(window) -> ModelManager:
     """Chat ▸ Models…: the manager, non-modal, deleted when closed."""
     from dataclasses import replace
 
-    dialog = ModelManager(window)
+    dialog = ModelManager(window, context=window.config.context)
     dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    # the hub files' fit follows a context chosen in Settings while the manager is open
+    window.loading.config_applied.connect(dialog.follow_config)
     # a downloaded file chosen as target or draft: the window loads it as Settings would
     dialog.model_chosen.connect(
         lambda role, spec: window.apply_config(replace(window.config, **{role: spec}))

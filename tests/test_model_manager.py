@@ -272,3 +272,50 @@ def test_a_hub_repository_lists_its_gguf_files_and_downloads_one(qtbot, tmp_path
     finally:
         dialog.done(0)
         hub.stop()
+
+
+def test_the_hub_files_fit_at_the_context_chosen_in_settings(qtbot, store, tmp_path, monkeypatch):
+    """Opened from the window, the manager judges each hub file at the app's context, and follows a
+    context chosen anew while it is open."""
+    from huggingface_hub import constants
+
+    from app.config import AppConfig
+    from app.main_window import MainWindow
+    from engine.models import gguf_hub
+    from engine.models.builtin import DEFAULT_TARGET, builtin_entry, builtin_gguf_path
+    from tests.fake_hub import FakeHub
+    from tests.test_app import ScriptedEngine, factory_for
+
+    data = builtin_gguf_path(builtin_entry(DEFAULT_TARGET)).read_bytes()
+    hub = FakeHub()
+    hub.add("acme/Smol-GGUF", {"Smol-Q4_1.gguf": data})
+    hub.start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    config = AppConfig(context=65536, auto_titles=False)
+    window = MainWindow(store, config, engine_factory=factory_for(ScriptedEngine(["ok"])))
+    qtbot.addWidget(window)
+    try:
+        window.models_action.trigger()
+        dialog = window.findChild(ModelManager)
+        assert dialog.hub_context.value() == 65536
+        dialog.hub_repo_edit.setText("acme/Smol-GGUF")
+        with qtbot.waitSignal(dialog.hub_listed, timeout=TIMEOUT_MS) as listed:
+            dialog.hub_list_button.click()
+        assert listed.args[0] == "" and dialog._hub_kv  # the file's KV cache per token is known
+
+        def needs(context: int) -> str:
+            return f"{gguf_hub.file_fit(len(data), dialog._hub_kv, context).total_bytes / 1024**3:.2f} GiB"
+
+        assert needs(65536) != needs(4096)
+        assert table_rows(dialog.hub_table)[0][2] == needs(65536)
+        window.apply_config(AppConfig(context=4096, auto_titles=False))
+        assert dialog.hub_context.value() == 4096
+        qtbot.waitUntil(lambda: table_rows(dialog.hub_table)[0][2] == needs(4096), timeout=TIMEOUT_MS)
+        dialog.hub_context.setValue(2048)  # judged here at another context, until one is chosen anew
+        window.apply_config(AppConfig(context=4096, temperature=0.5, auto_titles=False))
+        assert dialog.hub_context.value() == 2048
+        dialog.done(0)
+    finally:
+        window.close()
+        hub.stop()

@@ -395,7 +395,7 @@ def context_overflow_message(tokens: int, limit: int, target: LoadedModel) -> st
         return (
             f"The conversation is {tokens:,} tokens long, but the context you chose holds {limit:,} tokens, "
             f"including at least one for the answer (choose a longer one, up to {own:,} for {target.name}: "
-            "--context in the terminal)."
+            "Context in the app's Settings, --context in the terminal)."
         )
     return (
         f"The conversation is {tokens} tokens long, but {target.name} reads at most {limit} tokens, "

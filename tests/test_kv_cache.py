@@ -109,7 +109,7 @@ def test_a_conversation_past_the_chosen_context_is_refused_with_what_to_do(make_
     assert engine.context_length == 300
     with pytest.raises(ContextOverflowError, match=r"300 tokens long, but the context you chose holds 300"):
         engine.generate_ids([5] * 300)
-    with pytest.raises(ContextOverflowError, match=r"up to 1,024 .*--context"):
+    with pytest.raises(ContextOverflowError, match=r"up to 1,024 .*Context in the app's Settings, --context"):
         engine.generate_ids([5] * 300)
     finished = engine.generate_ids([5] * 290)  # fits: the reply stops at the context's end
     assert 1 <= len(finished.token_ids) <= 10

@@ -131,8 +131,8 @@ class AppConfig:
         return self._draft_identity() != other._draft_identity()
 
     def needs_load(self, loaded: AppConfig | None) -> bool:
-        """Whether the engine loaded for `loaded` (None: no engine) cannot serve self: another target,
-        backend or draft model. Drafter, K, trees, sampling and stop strings reach the engine at its
+        """Whether the engine loaded for `loaded` (None: no engine) cannot serve self: another target
+        (or context), backend or draft model. Drafter, K, trees, sampling and stop strings reach the engine at its
         next reply without a load (ChatEngine reads them at every call); a drafter that needs no model
         keeps the loaded draft, so switching back costs nothing either."""
         if loaded is None:

@@ -3,7 +3,8 @@
 It owns the loads. A load runs on the bridge's loader thread while the engine that answers keeps
 answering (app/bridge.py); its progress shows in the status bar (app/load_progress.py), never in a
 dialog. Settings that need no model (drafter, K, trees, sampling, stop strings) reach the engine at
-its next reply at once; only another target, backend or draft model loads anything (AppConfig.needs_load).
+its next reply at once; only another target, context, backend or draft model loads anything
+(AppConfig.needs_load).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field, fields
 
 # plain steps a reply needs before its own figure replaces the calibration as the baseline; the loop
@@ -9,6 +10,11 @@ from dataclasses import asdict, dataclass, field, fields
 MIN_PLAIN_STEPS = 4
 # a speed-up within this fraction of 1 is "about the same": neither faster nor slower
 SAME_SPEED_TOLERANCE = 0.03
+# A round that took more than this many times the median of its kind (plain steps, or rounds that
+# drafted as many tokens) was held up by another program on a busy machine; it counts at that median,
+# on both sides of the speed-up. With a busy loop per core one plain step in a reply took 10x the
+# others, and a figure from four plain steps read x7.20 where the reply ran 1.9x the target alone.
+STALL_FACTOR = 2.5
 
 
 @dataclass
@@ -46,6 +52,7 @@ class GenerationStats:
     plain_step_time_s: float = 0.0
     round_time_s: float = 0.0
     round_tokens: int = 0
+    round_seconds: list[float] = field(default_factory=list)  # each round's time, parallel to k_history
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     prefill_time_s: float = 0.0
@@ -105,12 +112,28 @@ class GenerationStats:
         """Every round of this reply was a plain step: the reply is the target alone, its own baseline."""
         return self.rounds > 0 and self.plain_steps == self.rounds
 
+    def steady_times(self) -> tuple[float, float]:
+        """(plain steps' seconds, all rounds' seconds) with every stalled round (STALL_FACTOR) counted
+        at the median of its kind; the plain sums as kept when the rounds' own times are not."""
+        times, kinds = self.round_seconds, self.k_history
+        if not times or len(times) != len(kinds):
+            return self.plain_step_time_s, self.round_time_s
+        by_kind: dict[int, list[float]] = {}
+        for seconds, kind in zip(times, kinds, strict=True):
+            by_kind.setdefault(kind, []).append(seconds)
+        medians = {kind: statistics.median(values) for kind, values in by_kind.items()}
+        steady = [
+            seconds if seconds <= STALL_FACTOR * medians[kind] else medians[kind]
+            for seconds, kind in zip(times, kinds, strict=True)
+        ]
+        return sum(t for t, kind in zip(steady, kinds, strict=True) if kind == 0), sum(steady)
+
     @property
     def baseline_step_s(self) -> float | None:
         """Seconds per token of the target alone: this reply's own plain steps when it has enough (the
         same context, the same machine load, the same moment), else the engine's calibration."""
         if self.plain_steps and (self.plain_steps >= MIN_PLAIN_STEPS or self.all_plain):
-            return self.plain_step_time_s / self.plain_steps
+            return self.steady_times()[0] / self.plain_steps
         return self.target_step_time_s
 
     @property
@@ -127,8 +150,9 @@ class GenerationStats:
         baseline = self.baseline_step_s
         if not baseline:
             return None
-        if self.round_tokens and self.round_time_s > 0:
-            per_token = self.round_time_s / self.round_tokens
+        round_time = self.steady_times()[1]
+        if self.round_tokens and round_time > 0:
+            per_token = round_time / self.round_tokens
         elif self.generated_tokens and self.decode_time_s > 0:  # a record kept before rounds were timed
             per_token = self.decode_time_s / self.generated_tokens
         else:

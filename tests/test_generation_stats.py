@@ -126,3 +126,45 @@ def test_a_reply_that_drafts_times_the_target_alone_inside_itself(engine_on, tar
     assert reply.drafted > 0
     assert reply.plain_steps >= MIN_PLAIN_STEPS and not reply.speedup_is_estimate
     assert reply.round_tokens == reply.generated_tokens - 1  # the first token comes from the prompt
+
+
+def rounds(times: list[float], kinds: list[int], kept: list[int]) -> GenerationStats:
+    """A reply's stats as the loop records them round by round (record_round and time_round)."""
+    plain = [t for t, k in zip(times, kinds, strict=True) if k == 0]
+    return GenerationStats(
+        rounds=len(times),
+        k_history=list(kinds),
+        accepted_lengths=list(kept),
+        round_seconds=list(times),
+        round_time_s=sum(times),
+        round_tokens=sum(kept),
+        plain_steps=len(plain),
+        plain_step_time_s=sum(plain),
+        generated_tokens=sum(kept),
+        target_step_time_s=0.05,
+    )
+
+
+def test_a_stalled_round_counts_at_its_kinds_median_on_both_sides():
+    """One plain step in four held up for ten steps' time: the reply ran x1.62 the target alone, and its
+    sums read x3.46. Counted at its kind's median, the figure reads as the reply ran."""
+    kinds = [0, 4, 4, 0, 4, 4, 0, 4, 4, 0, 4, 4]
+    kept = [1 if k == 0 else 3 for k in kinds]
+    quiet = rounds([0.030 if k == 0 else 0.050 for k in kinds], kinds, kept)
+    busy = rounds([0.300] + quiet.round_seconds[1:], kinds, kept)
+    assert quiet.speedup == pytest.approx(0.030 / (0.520 / 28))
+    assert busy.speedup == pytest.approx(quiet.speedup)
+    # the sums alone (a record kept before rounds were timed one by one) still take the stall in
+    busy.round_seconds = []
+    assert busy.speedup == pytest.approx(3.456, abs=1e-3)
+
+
+def test_a_drafted_round_held_up_counts_at_the_median_of_rounds_that_drafted_as_many():
+    kinds = [0, 4, 4, 0, 4, 4, 0, 4, 4, 0, 2, 2]
+    kept = [1, 3, 3, 1, 3, 3, 1, 3, 3, 1, 2, 2]
+    times = [0.030, 0.050, 0.050, 0.030, 0.500, 0.050, 0.030, 0.050, 0.050, 0.030, 0.040, 0.041]
+    busy = rounds(times, kinds, kept)
+    assert busy.steady_times() == pytest.approx((0.120, 0.120 + 0.050 * 6 + 0.081))
+    # a round up to STALL_FACTOR times its kind's median is a round, not a stall: it counts as it ran
+    slow = rounds([0.030, 0.050, 0.120] + times[3:], kinds, kept)
+    assert slow.steady_times()[1] == pytest.approx(sum(slow.round_seconds) - 0.500 + 0.050)

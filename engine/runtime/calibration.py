@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.models.memory import release_freed_memory
 from engine.paths import cache_dir
 from engine.runtime.threads import ThreadChooser, threads_set_to
 
@@ -222,6 +223,7 @@ def read_back_or_measure(
             progress("Measuring this machine", 0, 1)
         seconds = time_forwards(runner, CALIBRATION_SIZES, 3)
         save(key, seconds)
+        release_freed_memory()  # the measured forwards' activations and logits
         return seconds
 
 

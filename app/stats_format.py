@@ -90,6 +90,8 @@ def describe_drafter(drafter: str) -> str:
         return "draft model " + drafter.removeprefix("model:")
     return {
         "ngram": "n-gram lookup",
+        "suffix": "suffix lookup",
+        "head": "draft head",
         "none": "none (target alone)",
         "auto": "automatic (the fastest here, per reply)",
     }.get(drafter, drafter)

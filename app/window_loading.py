@@ -13,7 +13,7 @@ import dataclasses
 import time
 
 from app.bridge import EngineInfo, LoadRequest
-from app.config import AppConfig
+from app.config import DRAFTERS, AppConfig
 from app.load_progress import LoadProgress, StageClock
 from app.qt import QObject, Qt, QTimer, QtWidgets, Signal, Slot
 from app.stats_format import describe_drafter, drafter_in_use
@@ -199,7 +199,9 @@ def models_text(info: EngineInfo, config: AppConfig, in_use: str | None = None) 
         quantization = f" ({info.quantization})" if info.quantization != "none" else ""
         words = f"draft model {info.draft}{quantization}"
     elif drafter == "auto":
-        words = "automatic" + (f" (draft model {info.draft} among them)" if info.draft else "")
+        # info.draft names the drafter itself where no draft model loaded (EngineInfo): no model to name
+        among = info.draft and info.draft not in DRAFTERS
+        words = "automatic" + (f" (draft model {info.draft} among them)" if among else "")
         words += f"; last reply: {in_use}" if in_use else ""
     else:
         words = describe_drafter(drafter)

@@ -26,6 +26,19 @@ def test_the_status_bar_names_the_drafter_as_it_changes(qtbot, store):
     assert "last reply: draft model scripted" in window.models_label.text()
 
 
+def test_the_status_bar_names_no_draft_model_where_none_loaded():
+    """Seen: "automatic (draft model auto among them); last reply: head" where auto loaded no draft model
+    (EngineInfo.draft then names the drafter) and the draft head drafted."""
+    from app.bridge import EngineInfo
+    from app.window_loading import models_text
+
+    info = EngineInfo(target="smollm2", draft="auto", device="cpu", quantization="none")
+    text = models_text(info, AppConfig(drafter="auto"), in_use="draft head")
+    assert "Drafter: automatic; last reply: draft head" in text and "draft model auto" not in text
+    with_model = EngineInfo(target="smollm2", draft="tiny", device="cpu", quantization="none")
+    assert "(draft model tiny among them)" in models_text(with_model, AppConfig(drafter="auto"))
+
+
 def test_enter_in_the_search_box_opens_the_first_hit(qtbot, store):
     first = store.create_conversation("Cooking")
     store.add_message(first, "user", "How long do I boil an egg?")

@@ -2,13 +2,18 @@
 
 It starts from an empty cache and config (no converted model, no built kernels, no calibration) while a
 busy loop per core keeps the machine loaded, types the first message as soon as the window shows, and
-goes on: a drafter change, send, stop, regenerate, edit, search, export, import, settings with a bad
-path, quit mid-reply, restart. Input goes through Qt's test events (key presses and mouse clicks on the
-real widgets); the models are the built-in pair; the database is a fresh one in a temporary folder.
+goes on: a drafter change (the status bar naming it), send, stop, regenerate, edit, search, export,
+delete and import, settings with a bad path, quit mid-reply, restart; then Settings' Models page with its
+context field, the model manager listing a hub repository's GGUF files with their fit (a local fake hub,
+tests/fake_hub.py: nothing goes online), and a long pasted message read with its progress shown. Input
+goes through Qt's test events (key presses, mouse clicks and a paste on the real widgets); the models are
+the built-in pair; the database is a fresh one in a temporary folder.
 
 It records the time to the window, to the first answer and to full speed (the compiled path in use),
 how long a drafter change takes to apply, and every figure the stats panel and the footer show for
 each reply (packaging/walkthrough_checks.py); it fails where two figures for the same thing disagree.
+The newer steps record what they saw (the context field, the hub files' fit, the reading progress and
+the prompt speed, the status bar after the drafter change).
 Each step saves packaging/screenshots/walkthrough-*.png; the README's main-window-light.png / -dark.png /
 -formatted-dark.png come from the same run, and walkthrough-report.json holds the times and figures.
 
@@ -52,6 +57,79 @@ FULL_SPEED_LIMIT_S = 900  # how long the end waits for the compiled path before 
 # replies long enough to show drafting, short enough for a 2-core machine; TANDEM_WALKTHROUGH_TOKENS overrides
 MAX_NEW_TOKENS = int(os.environ.get("TANDEM_WALKTHROUGH_TOKENS", "96"))
 POLL_MS = 100
+HUB_REPO = "acme/Walkthrough-GGUF"  # served by the local fake hub (tests/fake_hub.py): no network
+HUB_SMALL = "Walkthrough-Q4_1.gguf"  # the built-in target's own file: fits anywhere Tandem runs
+HUB_MIDDLE = "Walkthrough-Q8_0.gguf"
+HUB_TOO_BIG = "Walkthrough-F16.gguf"  # listed larger than this machine's memory
+
+
+def build_long_message(paragraphs: int = 64) -> str:
+    """A long message to paste, some thousands of tokens: a keeper's log of varied entries (weather,
+    repairs, a supply list, a snippet of the tide-table script, talk with the boatman), then a question."""
+    import random
+
+    rng = random.Random(20240611)
+    winds = ["north-west", "south", "east by north", "south-south-west", "west", "north-east"]
+    skies = ["low cloud", "a clear sky", "drizzle from the west", "sea fog until noon", "hail showers"]
+    repairs = [
+        "re-seated the lamp's second burner",
+        "greased the clockwork that turns the lens",
+        "replaced two cracked panes in the lantern room",
+        "painted the iron railing on the gallery",
+        "cleared salt from the fog-horn's reed",
+        "mended the hinge of the oil store door",
+    ]
+    supplies = ["paraffin", "wicks", "lamp glass", "rope", "tar", "flour", "tea", "candles", "nails"]
+    visitors = ["the boatman", "the inspector", "a fisherman from Carrick", "the doctor's daughter"]
+    sayings = [
+        "said the herring had moved further out this year",
+        "asked whether the new lens would be fitted before winter",
+        "brought letters and a newspaper three days old",
+        "wanted to know how many ships passed in the night",
+    ]
+    parts = ["Here are my notes from the lighthouse log. Please read them all before you answer."]
+    for day in range(1, paragraphs + 1):
+        kind = day % 4
+        hour, minute = rng.randint(4, 9), rng.choice([0, 10, 20, 30, 40, 50])
+        if kind == 0:
+            text = (
+                f"Day {day}. High tide at {hour:02d}:{minute:02d}, {rng.uniform(1.2, 4.8):.1f} m. "
+                f"Wind {rng.choice(winds)} at {rng.randint(4, 38)} knots, {rng.choice(skies)}. "
+                f"The barometer read {rng.randint(968, 1036)} hPa and {rng.choice(['fell', 'rose', 'held'])} "
+                f"through the afternoon. {rng.randint(2, 19)} vessels passed, one of them a steamer."
+            )
+        elif kind == 1:
+            text = (
+                f"Day {day}. I {' and '.join(rng.sample(repairs, 2))}. The work took "
+                f"{rng.randint(2, 7)} hours; the lamp was lit at {hour + 12}:{minute:02d} as always."
+            )
+        elif kind == 2:
+            wanted = rng.sample(supplies, 4)
+            text = (
+                f"Day {day}. Supplies to order: "
+                + ", ".join(f"{rng.randint(2, 40)} {item}" for item in wanted)
+                + f". Cost last month came to {rng.randint(3, 12)} pounds {rng.randint(0, 19)} shillings."
+            )
+        else:
+            visitor = rng.choice(visitors)
+            text = (
+                f"Day {day}. {visitor[0].upper() + visitor[1:]} came at {hour + 6}:{minute:02d} and "
+                f"{rng.choice(sayings)}. I asked about the storm in {rng.choice(['March', 'October'])}; "
+                "the answer was that the waves reached the second window, which I doubt."
+            )
+        parts.append(text)
+        if day == paragraphs // 2:
+            parts.append(
+                "The tide-table script I keep for the almanac:\n"
+                "def tides(first, hours=12.42):\n"
+                "    return [first + i * hours for i in range(4)]\n"
+                "print(tides(5.5))"
+            )
+    parts.append("Which repair did I make most often? Answer in one or two sentences.")
+    return "\n\n".join(parts)
+
+
+LONG_MESSAGE = build_long_message()
 
 Step = Callable[[], Callable[[], bool] | None]  # does something; returns what to wait for (or None)
 
@@ -69,6 +147,7 @@ class Walkthrough(QObject):
         self.figures: list[dict] = []
         self.problems: list[str] = []
         self.drafter_changes_s: list[float] = []
+        self.observed: dict[str, object] = {}  # what the newer steps saw, for the report
         self.steps: list[tuple[str, Step]] = [
             ("first start", self.first_start),
             ("type at once", self.send_first),
@@ -97,9 +176,10 @@ class Walkthrough(QObject):
             ("shot: export dialog", self.shoot_export_dialog),
             ("save the export", self.accept_export),
             ("check the export", self.check_export),
+            ("delete the chat", self.delete_chat),
             ("import", self.import_by_drop),
             ("shot: imported", lambda: self.shoot("10-imported")),
-            ("quit mid-reply", self.send_long),
+            ("quit mid-reply", lambda: self.send_long(enough=2)),
             ("press Alt+F4", self.close_by_window_manager),
             ("shot: quit question", self.shoot_screen_area),
             ("keep writing", self.keep_writing),
@@ -109,6 +189,14 @@ class Walkthrough(QObject):
             ("full speed", self.wait_for_full_speed),
             ("restart", self.restart),
             ("shot: after restart", lambda: self.shoot("12-restart")),
+            ("settings: the Models page", self.open_settings_models),
+            ("shot: context field", self.shoot_settings_context),
+            ("model manager: a hub repository", self.list_hub_files),
+            ("shot: hub files", self.shoot_hub_files),
+            ("paste a long message", self.paste_long_message),
+            ("shot: reading the message", self.shoot_reading),
+            ("reply to the long message", self.long_message_answered),
+            ("shot: prompt read", self.shoot_prompt_read),
             ("dark", self.dark),
             ("shot: dark", lambda: self.shoot("13-dark")),
             ("finish", self.finish),
@@ -303,8 +391,15 @@ class Walkthrough(QObject):
         return applied
 
     def shoot_sampling(self):
+        """The side panel with the new drafter, and the status bar naming it (the window's grab holds both)."""
+        from app.stats_format import describe_drafter
+
         self.shoot("02b-drafter-changed")
+        status = self.window.models_label.text()
+        self.observed["status_bar_after_drafter_change"] = status
         self.window.side_panel.setCurrentWidget(self.window.stats_panel)
+        if f"Drafter: {describe_drafter('ngram')}" not in status:
+            raise RuntimeError(f"after the drafter change the status bar says {status!r}")
 
     def send_with_new_drafter(self):
         self.type_and_send(DRAFTER_PROMPT)
@@ -340,9 +435,8 @@ class Walkthrough(QObject):
         window.chat_view.set_coloured(False)
         return None
 
-    def send_long(self):
+    def send_long(self, enough: int = min(25, MAX_NEW_TOKENS // 3)):  # midway, even with short replies
         self.type_and_send(LONG_PROMPT)
-        enough = min(25, MAX_NEW_TOKENS // 3)  # stop midway, even with short replies
         return lambda: self.window.reply is not None and len(self.window.reply.spans) >= enough
 
     def press_escape(self):
@@ -425,11 +519,21 @@ class Walkthrough(QObject):
 
         return reached
 
-    def import_by_drop(self):
+    def delete_chat(self):
+        """Save the conversations as JSON, then delete the chat (a conversation already here is not
+        imported twice): the drop that follows brings it back. Waits for the undo bar to go."""
         exported = self.work / "conversations.json"
         self.window.conversation_actions.export_to("json", None, exported)
-        before = len(self.store.list_conversations())
         json.loads(exported.read_text())
+        self.click(self.window.sidebar.delete_button)
+        bar = self.window.sidebar.undo_bar
+        if not bar.isVisible():
+            raise RuntimeError("Delete left no undo bar")
+        return lambda: not bar.isVisible()
+
+    def import_by_drop(self):
+        exported = self.work / "conversations.json"
+        before = len(self.store.list_conversations())
         mime = QtCore.QMimeData()
         mime.setUrls([QtCore.QUrl.fromLocalFile(str(exported))])
         centre = self.window.rect().center()
@@ -452,8 +556,17 @@ class Walkthrough(QObject):
 
         window_id = str(int(self.window.winId()))
         subprocess.run(["xdotool", "windowactivate", "--sync", window_id], check=True, timeout=10)
+        self.quit_count = len(self.finished) + 1  # the reply the question interrupts
         subprocess.run(["xdotool", "key", "--clearmodifiers", "alt+F4"], check=True, timeout=10)
-        return lambda: self.window.close_question is not None and self.window.close_question.isVisible()
+
+        def asked() -> bool:
+            question = self.window.close_question
+            if question is None or not question.isVisible():
+                return False
+            self.asked_mid_reply = len(self.finished) < self.quit_count
+            return True
+
+        return asked
 
     def shoot_screen_area(self):
         """The window with the question over it: a grab of the screen, since the box is a window of its own."""
@@ -463,14 +576,13 @@ class Walkthrough(QObject):
         path = self.out_dir / "walkthrough-11a-quit-mid-reply.png"
         shot.save(str(path))
         print(f"wrote {path}", flush=True)
-        if not self.window.isVisible() or self.window.reply is None:
+        if not self.window.isVisible() or not self.asked_mid_reply:
             raise RuntimeError("the window closed mid-reply without asking")
 
     def keep_writing(self):
         box = self.window.close_question
         self.click(next(button for button in box.buttons() if button.text() == "Keep writing"))
-        count = len(self.finished) + 1
-        return lambda: len(self.finished) >= count and self.window.isVisible()
+        return lambda: len(self.finished) >= self.quit_count and self.window.isVisible()
 
     def settings_dialog(self):
         from app.settings_dialog import SettingsDialog
@@ -529,6 +641,123 @@ class Walkthrough(QObject):
 
         return ready
 
+    def open_settings_models(self):
+        """Settings (Ctrl+,) opens on its Models page: the context field, and the memory it costs."""
+        QTest.keyClick(self.window, Qt.Key.Key_Comma, Qt.KeyboardModifier.ControlModifier)
+        self.settle(300)
+        dialog = self.settings_dialog()
+        if dialog is None:
+            raise RuntimeError("Ctrl+, opened no Settings dialog")
+        dialog.resize(dialog.width(), 940)  # taller, as on this 1000-pixel screen: the memory line shows too
+        dialog.tabs.setCurrentIndex(0)
+        dialog.tabs.currentWidget().ensureWidgetVisible(dialog.context_spin)
+        return lambda: dialog.memory_label.text().startswith(("Needs about", "Could not"))
+
+    def shoot_settings_context(self):
+        dialog = self.settings_dialog()
+        self.shoot("12b-settings-context", dialog)
+        spin = dialog.context_spin
+        self.observed["settings_context"] = {
+            "tab": dialog.tabs.tabText(dialog.tabs.currentIndex()),
+            "context_field": spin.text(),
+            "memory_line": dialog.memory_label.text(),
+        }
+        if spin.value() != self.window.config.context or not spin.isVisible():
+            raise RuntimeError(
+                f"the context field shows {spin.text()!r}, the app uses {self.window.config.context}"
+            )
+        dialog.reject()
+
+    def list_hub_files(self):
+        """Chat ▸ Models…: a hub repository's GGUF files (the local fake hub), each judged at the context."""
+        from app.model_manager import ModelManager
+
+        self.window.models_action.trigger()
+        self.settle(300)
+        manager = next(d for d in self.window.findChildren(ModelManager) if d.isVisible())
+        manager.resize(1400, 900)  # as a user enlarges it on this screen: every hub file's row shows
+        self.listed: list[str] = []
+        manager.hub_listed.connect(self.listed.append)
+        manager.hub_repo_edit.setFocus()
+        QTest.keyClicks(manager.hub_repo_edit, HUB_REPO)
+        self.click(manager.hub_list_button)
+        return lambda: bool(self.listed)
+
+    def shoot_hub_files(self):
+        from app.model_manager import ModelManager
+
+        manager = next(d for d in self.window.findChildren(ModelManager) if d.isVisible())
+        if self.listed[0]:
+            raise RuntimeError(f"listing {HUB_REPO} failed: {self.listed[0]}")
+        self.shoot("12c-model-manager-hub", manager)
+        table = manager.hub_table
+        headers = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())]
+        rows = [
+            dict(zip(headers, (table.item(r, c).text() for c in range(table.columnCount())), strict=True))
+            for r in range(table.rowCount())
+        ]
+        self.observed["hub_files"] = {
+            "repository": HUB_REPO,
+            "context": manager.hub_context.text(),
+            "rows": rows,
+            "status": manager.status_label.text(),
+        }
+        verdicts = {row["File"]: row["Fits here"] for row in rows}
+        if verdicts.get(HUB_SMALL) != "fits" or verdicts.get(HUB_TOO_BIG) != "won't fit":
+            raise RuntimeError(f"the hub files' fit reads {verdicts}")
+        manager.close()
+
+    def paste_long_message(self):
+        """A new chat, a long message pasted (Ctrl+V) and sent: its reading shows in the reply's place."""
+        QTest.keyClick(self.window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+        self.settle(300)
+        QtWidgets.QApplication.clipboard().setText(LONG_MESSAGE)
+        edit = self.window.message_edit
+        edit.setFocus()
+        QTest.keyClick(edit, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
+        if edit.toPlainText() != LONG_MESSAGE:
+            raise RuntimeError("the pasted message did not reach the message box whole")
+        self.long_count = len(self.finished) + 1
+        QTest.keyClick(edit, Qt.Key.Key_Return)
+        return lambda: " left" in self.reading_text() or len(self.finished) >= self.long_count
+
+    def reading_text(self) -> str:
+        streaming = self.window.chat_view.streaming
+        return streaming.message.extra.get("reading", "") if streaming is not None else ""
+
+    def shoot_reading(self):
+        if len(self.finished) >= self.long_count:
+            raise RuntimeError("the long message was read before its progress could be seen")
+        self.settle(50)  # the grab must come while the reading goes on
+        path = self.out_dir / "walkthrough-12d-long-message-reading.png"
+        self.window.grab().save(str(path))
+        reading, meter = self.reading_text(), self.window.header.context_text()  # as grabbed
+        print(f"wrote {path}", flush=True)
+        self.observed["long_message"] = {
+            "characters": len(LONG_MESSAGE),
+            "reading": reading,
+            "context_meter_while_reading": meter,
+        }
+        if not reading.startswith("Reading your message: "):
+            raise RuntimeError(f"the reply's placeholder says {reading!r} while the message is read")
+
+    def long_message_answered(self):
+        return lambda: len(self.finished) >= self.long_count
+
+    def shoot_prompt_read(self):
+        self.shoot("12e-long-message-read")
+        widget = self.window.chat_view.widgets[-1]
+        stats = widget.message.stats or {}
+        footer = widget.stats_label.text()
+        self.observed["long_message"].update(
+            footer=footer,
+            context_meter_after=self.window.header.context_text(),
+            prompt_tokens=stats.get("prompt_tokens"),
+            prefill_tokens=stats.get("prefill_tokens"),
+        )
+        if "prompt read at " not in footer:
+            raise RuntimeError(f"the long message's reply does not say how fast it was read: {footer!r}")
+
     def dark(self):
         self.window.set_appearance("dark")
         return None
@@ -542,8 +771,36 @@ class Walkthrough(QObject):
         return None
 
 
+def start_fake_hub():
+    """The local server the tests use, answering as the Hugging Face hub does, with one repository of
+    GGUF files; HF_ENDPOINT points at it (read at each listing), so the walkthrough never goes online."""
+    from engine.models.builtin import DEFAULT_TARGET, builtin_entry, builtin_gguf_path
+    from tests.fake_hub import FakeHub
+
+    data = builtin_gguf_path(builtin_entry(DEFAULT_TARGET)).read_bytes()
+    header = data[: 1024 * 1024]  # the larger files are listed, never downloaded: their header is enough
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    listed = {HUB_MIDDLE: len(data) * 17 // 10, HUB_TOO_BIG: memory * 5 // 4}
+
+    class ListedHub(FakeHub):
+        def info(self, repo: str, blobs: bool) -> dict:
+            info = super().info(repo, blobs)
+            for sibling in info["siblings"]:
+                if blobs and sibling["rfilename"] in listed:
+                    sibling["size"] = sibling["lfs"]["size"] = listed[sibling["rfilename"]]
+            return info
+
+    hub = ListedHub()
+    hub.add(HUB_REPO, {HUB_SMALL: data, HUB_MIDDLE: header, HUB_TOO_BIG: header})
+    hub.start()
+    os.environ["HF_ENDPOINT"] = hub.url
+    os.environ.pop("HF_HUB_OFFLINE", None)
+    return hub
+
+
 def main(out_dir: Path, fresh: bool = True, loaded: bool = True) -> int:
     environment = checks.fresh_environment() if fresh else None
+    hub = start_fake_hub()
     hogs = checks.start_cpu_hogs() if loaded else []
     app = QtWidgets.QApplication(sys.argv[:1])
     app.setStyle("Fusion")
@@ -557,6 +814,7 @@ def main(out_dir: Path, fresh: bool = True, loaded: bool = True) -> int:
             walk.store.close()
     finally:
         checks.stop_cpu_hogs(hogs)
+        hub.stop()
         if environment is not None:
             environment.cleanup()
     marks = walk.timeline.marks
@@ -565,6 +823,7 @@ def main(out_dir: Path, fresh: bool = True, loaded: bool = True) -> int:
         "busy_loops": len(hogs),
         "cores": os.cpu_count(),
         "drafter_change_s": walk.drafter_changes_s,
+        **walk.observed,
         "notes": walk.log,
     }
     checks.write_report(

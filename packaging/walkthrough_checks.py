@@ -74,7 +74,7 @@ class Timeline:
 
 # --- the figures a reply shows, and whether they agree ------------------------------------------------
 
-SPEEDUP = r"×(\d+\.\d+) \((faster|slower), (estimate|measured in this reply)\)"
+SPEEDUP = r"×(\d+\.\d+) \((faster|about the same|slower), (estimate|measured in this reply)\)"
 
 
 def figures_of(window, widget) -> dict:

@@ -816,29 +816,15 @@ __attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_tile_vnni(const Part
 constexpr int64_t kL1Activations = 16384;  // activation bytes a tile's rows may span and stay in L1
 constexpr int64_t kGroupRows = 32;         // weight rows whose blocks a pass over part of the rows revisits
 
-// Weight rows [r0, r1) against activation rows [i, i + C), R at a time. When the C activation rows are
-// longer than L1 holds, the weight rows go in groups of kGroupRows, each group in passes over a part
-// of the row that fits, so that every activation byte a pass reads comes from L1 (a verify of 8 rows of
-// 8,192 values would otherwise read 64 KB from L2 for every weight row).
+// Weight rows [r0, r1) against activation rows [i, i + C), R at a time, in groups of kGroupRows. Where
+// the C activation rows are longer than L1 holds, each group goes in passes over a part of the row that
+// fits, so that every activation byte a pass reads comes from L1 (a verify of 8 rows of 8,192 values
+// would otherwise read 64 KB from L2 for every weight row); shorter rows take one pass.
 template <int64_t T, int R, int C>
 __attribute__((target(TANDEM_AVX512_VNNI_F16C))) void super_rows_vnni(const Part& part, const Activations& a, int64_t r0,
                                                           int64_t r1, int64_t i, float* y, int64_t y_stride) {
-  constexpr bool aff = kFormat<T>.affine;
   const int64_t supers = a.k / kSuper, groups = a.k / kBlock;
   const int64_t span = std::max<int64_t>(1, kL1Activations / (C * kSuper));  // blocks of 256 per pass
-  if (span >= supers) {
-    float* offsets = aff ? offset_scratch(R * groups).data() : nullptr;
-    int64_t r = r0;
-    for (; r + R <= r1; r += R) {
-      if (r + R + kVnniAhead <= r1) {
-        const char* ahead = reinterpret_cast<const char*>(part.bytes + (r + kVnniAhead) * part.row_bytes);
-        for (int64_t b = 0; b < R * part.row_bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T1);
-      }
-      super_tile_vnni<T, R, C>(part, a, r, i, y, y_stride, offsets, 0, supers, nullptr);
-    }
-    for (; r < r1; ++r) super_tile_vnni<T, 1, C>(part, a, r, i, y, y_stride, offsets, 0, supers, nullptr);
-    return;
-  }
   float* offsets = offset_scratch(kGroupRows * (groups + C * 16)).data();
   float* state = offsets + kGroupRows * groups;
   for (int64_t g = r0; g < r1; g += kGroupRows) {
